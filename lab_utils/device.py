@@ -1,0 +1,77 @@
+"""Device choice and honest timing: CUDA events on a GPU, perf_counter on a CPU, medians after warm-up."""
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+
+
+def resolve_device(device: str | torch.device | None = "auto") -> torch.device:
+    """`"auto"` picks CUDA when present, else CPU. Asking for CUDA without one is an error, not a silent CPU run."""
+    if device is None or str(device) == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dev = torch.device(device)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device={device!r} but no CUDA device is available; use device='cpu' or 'auto'")
+    if dev.type not in ("cpu", "cuda"):
+        raise ValueError(f"device={device!r} is not supported; use 'auto', 'cpu' or 'cuda'")
+    return dev
+
+
+def default_dtype(device: torch.device) -> torch.dtype:
+    """fp32 on CPU (bf16 matmuls are slow on most laptop CPUs), bf16 on GPUs that support it."""
+    if device.type == "cuda":
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+    return torch.float32
+
+
+def synchronize(device: torch.device | str) -> None:
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize()
+
+
+@dataclass
+class Timing:
+    """Times of repeated runs, in seconds."""
+
+    times: list[float] = field(default_factory=list)
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.times)
+
+    @property
+    def min(self) -> float:
+        return min(self.times)
+
+    def __repr__(self) -> str:
+        return f"Timing(median={self.median * 1e3:.2f} ms, n={len(self.times)})"
+
+
+def time_fn(fn: Callable[[], object], device: torch.device | str = "cpu", warmup: int = 1, repeat: int = 5) -> Timing:
+    """Run `fn` `warmup` times untimed, then `repeat` times timed; CUDA events on a GPU so queued work counts."""
+    dev = torch.device(device)
+    for _ in range(warmup):
+        fn()
+    out = Timing()
+    for _ in range(repeat):
+        if dev.type == "cuda":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            torch.cuda.synchronize()
+            out.times.append(start.elapsed_time(end) / 1e3)
+        else:
+            t0 = time.perf_counter()
+            fn()
+            out.times.append(time.perf_counter() - t0)
+    return out
+
+
+def now() -> float:
+    """Wall clock for request timestamps (TTFT, ITL): monotonic, in seconds."""
+    return time.perf_counter()
