@@ -1,0 +1,196 @@
+"""Checks for lab 00's exercises: RoPE, and one KV-cached attention step.
+
+Each check runs the learner's function on fresh random inputs, compares with the reference in `lab_utils.models`,
+and on a mismatch raises AssertionError saying what differs (shape, dtype, first wrong index, expected vs got),
+plus a diagnosis when the output matches a known mistake. It never prints the reference code.
+"""
+from __future__ import annotations
+
+import math
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+
+from lab_utils.models.llama import apply_rope, rope_inv_freq
+
+ATOL, RTOL = 1e-4, 1e-4
+
+
+def _fmt_idx(idx: tuple[int, ...], names: str) -> str:
+    return ", ".join(f"{n}={i}" for n, i in zip(names.split(","), idx))
+
+
+def compare(what: str, got, expected: torch.Tensor, dims: str = "", atol: float = ATOL, rtol: float = RTOL) -> None:
+    """AssertionError naming the first difference between `got` and `expected` (type, shape, dtype, values)."""
+    if not isinstance(got, torch.Tensor):
+        raise AssertionError(f"{what}: expected a torch.Tensor, got {type(got).__name__}")
+    if tuple(got.shape) != tuple(expected.shape):
+        raise AssertionError(f"{what}: shape {tuple(got.shape)} but expected {tuple(expected.shape)}"
+                             + (f" ({dims})" if dims else ""))
+    if got.dtype != expected.dtype:
+        raise AssertionError(f"{what}: dtype {got.dtype} but expected {expected.dtype} (keep the input's dtype)")
+    if got.device != expected.device:
+        raise AssertionError(f"{what}: on {got.device} but expected {expected.device}")
+    got_f, exp_f = got.detach().double(), expected.double()
+    if not torch.isfinite(got_f).all():
+        bad = tuple(int(i) for i in (~torch.isfinite(got_f)).nonzero()[0])
+        raise AssertionError(f"{what}: non-finite value {got_f[bad].item()} at index ({_fmt_idx(bad, dims) if dims else bad})")
+    wrong = ~torch.isclose(got_f, exp_f, atol=atol, rtol=rtol)
+    if wrong.any():
+        idx = tuple(int(i) for i in wrong.nonzero()[0])
+        where = _fmt_idx(idx, dims) if dims else str(idx)
+        raise AssertionError(
+            f"{what}: {int(wrong.sum())} of {wrong.numel()} values differ; first wrong index ({where}): "
+            f"expected {exp_f[idx].item():.6f}, got {got_f[idx].item():.6f} "
+            f"(max abs diff {(got_f - exp_f).abs().max().item():.3g}, tolerance {atol:g} + {rtol:g}*|expected|)"
+        )
+
+
+def _close(a, b: torch.Tensor) -> bool:
+    return isinstance(a, torch.Tensor) and a.shape == b.shape and torch.allclose(a.double(), b.double(), atol=ATOL, rtol=RTOL)
+
+
+# --- exercise 1: RoPE ----------------------------------------------------------------------------------------
+
+
+def reference_rope(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor:
+    inv_freq = rope_inv_freq(x.shape[-1], theta).to(x.device)
+    freqs = positions.to(torch.float32).unsqueeze(-1) * inv_freq  # [B, T, D/2]
+    emb = torch.cat((freqs, freqs), dim=-1)
+    return apply_rope(x, emb.cos().to(x.dtype), emb.sin().to(x.dtype))
+
+
+def _rope_diagnosis(fn, x, positions, theta, got) -> str | None:
+    """Recognise common RoPE mistakes by the output they produce (names the mistake, not the fix)."""
+    D = x.shape[-1]
+    if _close(got, x):
+        return "the output equals the input: nothing was rotated"
+    if _close(got, reference_rope(x, torch.arange(x.shape[1]).expand_as(positions), theta)):
+        return "you used positions 0..T-1 instead of the `positions` argument (a decode step starts at an offset)"
+    if _close(got, reference_rope(x, positions, 10000.0)) and theta != 10000.0:
+        return f"you used theta=10000 instead of the `theta` argument ({theta:g})"
+    if _close(got, reference_rope(x, -positions, theta)):
+        return "the rotation goes the wrong way (check the sign of the sine term)"
+    # GPT-J style: rotating adjacent pairs (2i, 2i+1) instead of (i, i + D/2)
+    perm = torch.cat([torch.arange(0, D, 2), torch.arange(1, D, 2)])
+    inv = torch.argsort(perm)
+    if _close(got, reference_rope(x[..., perm], positions, theta)[..., inv]):
+        return "you rotated adjacent pairs (2i, 2i+1); Llama (and HF's checkpoints) pair dimension i with i + D/2"
+    return None
+
+
+def check_rope(fn: Callable[[torch.Tensor, torch.Tensor, float], torch.Tensor], seed: int | None = None) -> None:
+    """`fn(x [B, T, H, D], positions [B, T] int, theta) -> rotated x`, same shape and dtype."""
+    gen = torch.Generator().manual_seed(seed if seed is not None else torch.randint(0, 2**31 - 1, ()).item())
+    cases = [(1, 2, 1, 8, 10000.0), (2, 5, 3, 64, 100000.0), (3, 7, 2, 16, 500000.0)]
+    for B, T, H, D, theta in cases:
+        x = torch.randn(B, T, H, D, generator=gen)
+        start = torch.randint(0, 200, (B, 1), generator=gen)
+        positions = start + torch.arange(T)  # each sequence at its own offset
+        x_before = x.clone()
+        got = fn(x, positions, theta)
+        if not torch.equal(x, x_before):
+            raise AssertionError("rope modified its input `x` in place; return a new tensor instead")
+        expected = reference_rope(x, positions, theta)
+        try:
+            compare(f"rope(x of shape {tuple(x.shape)}, theta={theta:g})", got, expected, dims="b,t,h,d")
+        except AssertionError as e:
+            hint = _rope_diagnosis(fn, x, positions, theta, got) if isinstance(got, torch.Tensor) and got.shape == x.shape else None
+            raise AssertionError(f"{e}" + (f"\nLikely cause: {hint}" if hint else "")) from None
+    # the property RoPE exists for: q.k depends only on the distance between positions
+    q, k = torch.randn(1, 1, 1, 32, generator=gen), torch.randn(1, 1, 1, 32, generator=gen)
+    dots = [(fn(q, torch.tensor([[5 + s]]), 10000.0) * fn(k, torch.tensor([[s]]), 10000.0)).sum().item() for s in (0, 37)]
+    if not math.isclose(dots[0], dots[1], rel_tol=1e-3, abs_tol=1e-4):
+        raise AssertionError(f"q.k at distance 5 differs by offset: {dots[0]:.5f} at positions (5, 0) vs {dots[1]:.5f} at (42, 37)")
+    print(f"check_rope passed: {len(cases)} random shapes match the reference, and q.k depends only on the distance")
+
+
+# --- exercise 2: one KV-cached attention step ----------------------------------------------------------------
+
+
+def reference_cached_attention(q, k_new, v_new, k_cache, v_cache):
+    k_all, v_all = torch.cat([k_cache, k_new], dim=1), torch.cat([v_cache, v_new], dim=1)
+    out = F.scaled_dot_product_attention(
+        q.transpose(1, 2), k_all.transpose(1, 2), v_all.transpose(1, 2), enable_gqa=True
+    ).transpose(1, 2)
+    return out, k_all, v_all
+
+
+def _attn(q, k, v, scale=None, interleave=True):
+    group = q.shape[2] // k.shape[2]
+    if interleave:
+        k, v = k.repeat_interleave(group, dim=2), v.repeat_interleave(group, dim=2)
+    else:
+        k, v = k.repeat(1, 1, group, 1), v.repeat(1, 1, group, 1)
+    s = torch.einsum("bqhd,bkhd->bhqk", q, k) * (scale if scale is not None else 1 / math.sqrt(q.shape[-1]))
+    return torch.einsum("bhqk,bkhd->bqhd", s.softmax(-1), v)
+
+
+def _attention_diagnosis(q, k_new, v_new, k_cache, v_cache, out) -> str | None:
+    k_all, v_all = torch.cat([k_cache, k_new], 1), torch.cat([v_cache, v_new], 1)
+    if _close(out, _attn(q, k_all, v_all, scale=1.0)):
+        return "the scores are not scaled by 1/sqrt(head_dim)"
+    if q.shape[2] != k_new.shape[2] and _close(out, _attn(q, k_all, v_all, interleave=False)):
+        return ("query heads are mapped to the wrong KV heads: query head h shares KV head h // (Hq // Hkv), "
+                "so consecutive query heads share one KV head")
+    if k_cache.shape[1] > 0 and _close(out, _attn(q, k_cache, v_cache)):
+        return "the new token does not attend to itself: attend over the cached tokens *and* the new one"
+    if _close(out, _attn(q, k_new, v_new)):
+        return "the new token attends only to itself: the cached tokens are ignored"
+    return None
+
+
+def _check_step_on_model(fn, gen: torch.Generator) -> int:
+    """Plug `fn` into a tiny random Llama: prefill, then decode steps through `fn`; logits must match."""
+    from lab_utils.models.kv_cache_simple import SimpleKVCache
+    from lab_utils.models.loader import build_random
+    from lab_utils.models.registry import REGISTRY
+
+    model = build_random(REGISTRY["tiny-random"].config, seed=1).eval()
+    ids = torch.randint(0, model.config.vocab_size, (2, 9), generator=gen)
+    with torch.no_grad():
+        full = model(ids)
+        prefill = SimpleKVCache.for_model(model, batch=2, max_len=5)
+        prefill.forward(model, ids[:, :5])
+        caches = {i: (prefill.k[i][:, :5], prefill.v[i][:, :5]) for i in range(model.config.num_hidden_layers)}
+
+        def step(layer_idx, q, k, v):
+            out, kc, vc = fn(q, k, v, *caches[layer_idx])
+            caches[layer_idx] = (kc, vc)
+            return out
+
+        for t in range(5, 9):
+            logits = model(ids[:, t : t + 1], torch.full((2, 1), t), attention=step)
+            compare(f"tiny model logits at decode step for position {t}", logits[:, 0], full[:, t], dims="b,vocab",
+                    atol=1e-4, rtol=1e-3)
+    return 4
+
+
+def check_cached_attention(fn: Callable, seed: int | None = None) -> None:
+    """`fn(q [B,1,Hq,D], k_new, v_new [B,1,Hkv,D], k_cache, v_cache [B,S,Hkv,D]) -> (out [B,1,Hq,D], k_cache', v_cache')`."""
+    gen = torch.Generator().manual_seed(seed if seed is not None else torch.randint(0, 2**31 - 1, ()).item())
+    cases = [(1, 0, 2, 2, 8), (2, 6, 6, 2, 16), (3, 11, 9, 3, 64)]  # (B, S, Hq, Hkv, D); S=0: empty cache
+    for B, S, Hq, Hkv, D in cases:
+        q = torch.randn(B, 1, Hq, D, generator=gen)
+        k_new, v_new = torch.randn(B, 1, Hkv, D, generator=gen), torch.randn(B, 1, Hkv, D, generator=gen)
+        k_cache, v_cache = torch.randn(B, S, Hkv, D, generator=gen), torch.randn(B, S, Hkv, D, generator=gen)
+        res = fn(q, k_new, v_new, k_cache, v_cache)
+        if not (isinstance(res, tuple) and len(res) == 3):
+            raise AssertionError(f"return (out, k_cache, v_cache): a tuple of 3 tensors, got {type(res).__name__}"
+                                 + (f" of length {len(res)}" if isinstance(res, (tuple, list)) else ""))
+        out, kc, vc = res
+        e_out, e_k, e_v = reference_cached_attention(q, k_new, v_new, k_cache, v_cache)
+        label = f"(B={B}, cached S={S}, Hq={Hq}, Hkv={Hkv}, D={D})"
+        if isinstance(kc, torch.Tensor) and kc.shape == e_k.shape and S > 0 and _close(kc, torch.cat([k_new, k_cache], 1)):
+            raise AssertionError(f"returned k_cache {label}: the new key is in front; append it after the cached ones")
+        compare(f"returned k_cache {label}", kc, e_k, dims="b,s,h,d")
+        compare(f"returned v_cache {label}", vc, e_v, dims="b,s,h,d")
+        try:
+            compare(f"attention output {label}", out, e_out, dims="b,t,h,d")
+        except AssertionError as e:
+            hint = _attention_diagnosis(q, k_new, v_new, k_cache, v_cache, out) if isinstance(out, torch.Tensor) and out.shape == e_out.shape else None
+            raise AssertionError(f"{e}" + (f"\nLikely cause: {hint}" if hint else "")) from None
+    steps = _check_step_on_model(fn, gen)
+    print(f"check_cached_attention passed: {len(cases)} random cases match, and {steps} decode steps through a "
+          "tiny Llama reproduce its full-sequence logits")

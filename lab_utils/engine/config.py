@@ -1,0 +1,85 @@
+"""Engine configuration. Field names mirror vLLM's engine arguments so a flag means the same thing in both."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+SCHEDULERS = ("static", "continuous", "token_budget")
+KV_CACHE_DTYPES = ("auto", "fp32", "fp16", "bf16", "fp8", "int8")
+QUANTIZATIONS = (None, "int8", "int4")
+PREEMPTION_MODES = ("recompute", "swap")
+KV_LAYOUTS = ("paged", "contiguous")
+SPEC_METHODS = ("draft", "ngram", "medusa", "eagle")
+
+
+@dataclass
+class SpecConfig:
+    """Speculative decoding: who proposes (`method`) and how many tokens per round (`num_speculative_tokens`)."""
+
+    method: str = "ngram"
+    num_speculative_tokens: int = 4
+    model: str | None = None  # the draft model for method="draft", heads for medusa/eagle
+    prompt_lookup_min: int = 1
+    prompt_lookup_max: int = 4
+
+    def __post_init__(self) -> None:
+        if self.method not in SPEC_METHODS:
+            raise ValueError(f"SpecConfig.method={self.method!r} is invalid: must be one of {SPEC_METHODS}")
+        if not 1 <= self.num_speculative_tokens <= 16:
+            raise ValueError(f"SpecConfig.num_speculative_tokens={self.num_speculative_tokens} must be in [1, 16]")
+
+
+@dataclass
+class EngineConfig:
+    max_num_seqs: int = 64  # concurrency: most requests running at once
+    block_size: int = 16  # tokens per KV block
+    num_gpu_blocks: int | None = None  # size of the KV pool; None: from the memory budget
+    kv_cache_memory_bytes: int | None = None  # KV budget; None: 1 GiB on CPU, gpu_memory_utilization on CUDA
+    gpu_memory_utilization: float = 0.9
+    max_num_batched_tokens: int = 512  # token budget of one step
+    max_model_len: int | None = None  # None: the model's context length
+    enable_chunked_prefill: bool = True
+    enable_prefix_caching: bool = True
+    kv_cache_dtype: str = "auto"
+    quantization: str | None = None
+    speculative: SpecConfig | None = None
+    scheduler: str = "token_budget"
+    preemption_mode: str = "recompute"
+    kv_layout: str = "paged"  # "contiguous": reserve max_model_len per sequence up front (the pre-vLLM way)
+    watermark: float = 0.01  # share of blocks kept free when admitting, so running requests can grow
+    enforce_eager: bool = False
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        def need(name: str, ok: bool, allowed: str) -> None:
+            if not ok:
+                raise ValueError(f"EngineConfig.{name}={getattr(self, name)!r} is invalid: must be {allowed}")
+
+        need("max_num_seqs", isinstance(self.max_num_seqs, int) and 1 <= self.max_num_seqs <= 4096, "an int in [1, 4096]")
+        need("block_size", self.block_size in (1, 2, 4, 8, 16, 32, 64, 128, 256), "a power of two in [1, 256]")
+        need("num_gpu_blocks", self.num_gpu_blocks is None or self.num_gpu_blocks >= 1, "None or >= 1")
+        need("kv_cache_memory_bytes", self.kv_cache_memory_bytes is None or self.kv_cache_memory_bytes > 0, "None or > 0")
+        need("gpu_memory_utilization", 0.0 < self.gpu_memory_utilization <= 1.0, "in (0, 1]")
+        need("max_num_batched_tokens", isinstance(self.max_num_batched_tokens, int) and self.max_num_batched_tokens >= 1, "an int >= 1")
+        need("max_model_len", self.max_model_len is None or self.max_model_len >= 1, "None or >= 1")
+        need("kv_cache_dtype", self.kv_cache_dtype in KV_CACHE_DTYPES, f"one of {KV_CACHE_DTYPES}")
+        need("quantization", self.quantization in QUANTIZATIONS, f"one of {QUANTIZATIONS}")
+        need("scheduler", self.scheduler in SCHEDULERS, f"one of {SCHEDULERS}")
+        need("preemption_mode", self.preemption_mode in PREEMPTION_MODES, f"one of {PREEMPTION_MODES}")
+        need("kv_layout", self.kv_layout in KV_LAYOUTS, f"one of {KV_LAYOUTS}")
+        need("watermark", 0.0 <= self.watermark < 0.5, "in [0, 0.5)")
+        if self.max_num_batched_tokens < self.block_size:
+            raise ValueError(
+                f"EngineConfig.max_num_batched_tokens={self.max_num_batched_tokens} is smaller than "
+                f"block_size={self.block_size}; raise the budget to at least one block"
+            )
+        if isinstance(self.speculative, dict):
+            self.speculative = SpecConfig(**self.speculative)
+
+    def check_against_model(self, max_model_len: int) -> None:
+        """Checks that need the model's context length (called by the engine once it is known)."""
+        if not self.enable_chunked_prefill and self.max_num_batched_tokens < max_model_len:
+            raise ValueError(
+                f"with enable_chunked_prefill=False a whole prompt must fit in one step, but "
+                f"max_num_batched_tokens={self.max_num_batched_tokens} < max_model_len={max_model_len}; "
+                f"raise max_num_batched_tokens to >= {max_model_len}, lower max_model_len, or enable chunked prefill"
+            )

@@ -1,0 +1,260 @@
+"""LLMEngine: add requests, call step() until done. Each step: schedule -> run the model -> sample -> finish."""
+from __future__ import annotations
+
+import itertools
+from typing import Iterable, Sequence
+
+import torch
+
+from lab_utils.device import now, resolve_device
+from lab_utils.engine.block_manager import BlockManager
+from lab_utils.engine.config import EngineConfig
+from lab_utils.engine.kv_cache import KVCache, bytes_per_token, storage_dtype
+from lab_utils.engine.model_runner import ModelRunner
+from lab_utils.engine.request import Request, RequestOutput, Status
+from lab_utils.engine.sampler import sample
+from lab_utils.engine.sampling_params import SamplingParams
+from lab_utils.engine.scheduler import Scheduler
+
+CPU_DEFAULT_KV_BYTES = 1 << 30  # 1 GiB of KV on a CPU unless told otherwise
+
+
+class LLMEngine:
+    def __init__(self, model="smollm2-135m", config: EngineConfig | None = None, device: str = "auto",
+                 dtype: torch.dtype | None = None, tokenizer=None) -> None:
+        self.config = config = config or EngineConfig()
+        self.device = resolve_device(device)
+        if isinstance(model, (str,)) or hasattr(model, "__fspath__"):
+            from lab_utils.models.loader import load_model
+
+            model, tokenizer = load_model(str(model), device=self.device, dtype=dtype)
+        elif isinstance(model, tuple):
+            model, tokenizer = model
+        if config.quantization is not None:
+            from lab_utils.quant.linear import quantize_model
+
+            quantize_model(model, config.quantization)
+        self.model, self.tokenizer = model, tokenizer
+        mc = model.config
+        self.max_model_len = min(config.max_model_len or mc.max_position_embeddings, mc.max_position_embeddings)
+        config.check_against_model(self.max_model_len)
+        store = storage_dtype(config.kv_cache_dtype, model.dtype)
+        self.bytes_per_token = bytes_per_token(mc.num_hidden_layers, mc.num_key_value_heads, mc.head_dim, store)
+        # contiguous layout = one block per sequence, as long as the longest sequence (the pre-paging way)
+        contiguous = config.kv_layout == "contiguous"
+        self.block_size = -(-self.max_model_len // config.block_size) * config.block_size if contiguous else config.block_size
+        self.bytes_per_block = self.bytes_per_token * self.block_size
+        self.num_blocks = self._num_blocks()
+        self.kv_cache = KVCache(mc.num_hidden_layers, self.num_blocks, self.block_size, mc.num_key_value_heads,
+                                mc.head_dim, model.dtype, store, self.device)
+        self.block_manager = BlockManager(self.num_blocks, self.block_size,
+                                          config.enable_prefix_caching and not contiguous, config.watermark)
+        self.scheduler = Scheduler(config, self.block_manager, self._swap_out, self._swap_in)
+        self.runner = ModelRunner(model, self.kv_cache, self.block_size, self.device)
+        self.eos_ids = self._eos_ids()
+        self.requests: dict[str, Request] = {}
+        self._pending_outputs: list[RequestOutput] = []
+        self._ids = itertools.count()
+        self.num_steps = 0
+        self.num_finished = self.num_aborted = self.num_rejected = 0
+        self.step_log: list[dict] = []  # per step: time, scheduled request ids and token counts (timelines)
+
+    # -- sizing -----------------------------------------------------------------------------------
+    def _num_blocks(self) -> int:
+        cfg = self.config
+        if cfg.num_gpu_blocks is not None:
+            return cfg.num_gpu_blocks
+        budget = cfg.kv_cache_memory_bytes
+        if budget is None:
+            if self.device.type == "cuda":
+                free, _ = torch.cuda.mem_get_info(self.device)
+                budget = int(free * cfg.gpu_memory_utilization)
+            else:
+                budget = CPU_DEFAULT_KV_BYTES
+        n = budget // self.bytes_per_block
+        if n < 1:
+            raise ValueError(
+                f"kv_cache_memory_bytes={budget} holds no block: one block of {self.block_size} tokens needs "
+                f"{self.bytes_per_block} bytes (2 x layers x block_size x kv_heads x head_dim x dtype bytes)"
+            )
+        return int(n)
+
+    def _eos_ids(self) -> set[int]:
+        eos = self.model.config.eos_token_id
+        ids = set(eos if isinstance(eos, list) else [eos] if eos is not None else [])
+        if self.tokenizer is not None and self.tokenizer.eos_token_id is not None:
+            ids.add(self.tokenizer.eos_token_id)
+        return ids
+
+    # -- requests ---------------------------------------------------------------------------------
+    def add_request(self, prompt: str | Sequence[int], params: SamplingParams | None = None,
+                    request_id: str | None = None, arrival_time: float | None = None) -> str:
+        """Queue a request. Returns its id. A request that can never run is rejected with a reason, not dropped."""
+        params = params or SamplingParams()
+        if isinstance(prompt, str):
+            if self.tokenizer is None:
+                raise ValueError("this engine has no tokenizer: pass token ids instead of text")
+            token_ids = self.tokenizer(prompt, add_special_tokens=False).input_ids
+            text = prompt
+        else:
+            token_ids, text = [int(t) for t in prompt], None
+        if not token_ids:
+            raise ValueError("the prompt is empty: give at least one token")
+        rid = request_id if request_id is not None else str(next(self._ids))
+        if rid in self.requests:
+            raise ValueError(f"request_id {rid!r} is already in use")
+        req = Request(rid, text, token_ids, params, arrival_time if arrival_time is not None else now())
+        self.requests[rid] = req
+        reason = self._rejection_reason(req)
+        if reason:
+            req.status, req.finish_reason = Status.REJECTED, f"rejected: {reason}"
+            self.num_rejected += 1
+            self._pending_outputs.append(self._output(req, finished=True))
+        else:
+            self.scheduler.add(req)
+        return rid
+
+    def _rejection_reason(self, req: Request) -> str | None:
+        if req.num_prompt_tokens >= self.max_model_len:
+            return (f"prompt has {req.num_prompt_tokens} tokens but max_model_len is {self.max_model_len} "
+                    f"(prompt + at least one generated token must fit)")
+        need = self.block_manager.blocks_needed(min(req.num_prompt_tokens + 1, self.max_model_len))
+        if need > self.num_blocks:
+            return (f"prompt needs {need} KV blocks but the pool has only {self.num_blocks}; "
+                    f"raise kv_cache_memory_bytes or num_gpu_blocks")
+        return None
+
+    def abort(self, request_id: str) -> bool:
+        """Stop a request now and free its blocks. Returns False if it had already ended."""
+        req = self.requests.get(request_id)
+        if req is None or req.status.done:
+            return False
+        self.scheduler.finish(req, Status.ABORTED)
+        req.finish_reason = "abort"
+        req.metrics.finish_time = now()
+        self.num_aborted += 1
+        self._pending_outputs.append(self._output(req, finished=True))
+        return True
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_work() or bool(self._pending_outputs)
+
+    # -- the loop ---------------------------------------------------------------------------------
+    def step(self) -> list[RequestOutput]:
+        """One scheduling step + one forward pass. Returns an output for every request that produced a token
+        or ended in this step (streaming clients read `new_token_ids`)."""
+        outputs, self._pending_outputs = self._pending_outputs, []
+        sched = self.scheduler.schedule()
+        if not sched.scheduled:
+            if self.scheduler.running or self.scheduler.waiting:
+                stuck = (self.scheduler.running or list(self.scheduler.waiting))[0]
+                raise RuntimeError(f"scheduler made no progress with {stuck}; this is a bug")
+            return outputs
+        t_start = now()
+        for req, _ in sched.scheduled:
+            if req.metrics.first_scheduled_time is None:
+                req.metrics.first_scheduled_time = t_start
+        logits, to_sample = self.runner.run(sched.scheduled)
+        for req, n in sched.scheduled:
+            req.num_computed_tokens += n
+            self.block_manager.commit_full_blocks(req)
+        tokens = sample(logits, [r.params for r in to_sample], [r.generator for r in to_sample]) if to_sample else []
+        t = now()
+        for req, tok in zip(to_sample, tokens):
+            req.token_ids.append(tok)
+            req.metrics.token_times.append(t)
+            if req.metrics.first_token_time is None:
+                req.metrics.first_token_time = t
+            reason = self._stop_reason(req, tok)
+            if reason:
+                self.scheduler.finish(req, Status.FINISHED)
+                req.finish_reason, req.metrics.finish_time = reason, t
+                self.num_finished += 1
+            outputs.append(self._output(req, finished=reason is not None, new=[tok]))
+        self.num_steps += 1
+        self.step_log.append({
+            "step": self.num_steps, "start": t_start, "end": t,
+            "requests": [(r.request_id, n) for r, n in sched.scheduled],
+            "num_tokens": sched.num_tokens, "preempted": [r.request_id for r in sched.preempted],
+            "free_blocks": self.block_manager.num_free_blocks,
+        })
+        return outputs
+
+    def _stop_reason(self, req: Request, tok: int) -> str | None:
+        p = req.params
+        if (tok in self.eos_ids and not p.ignore_eos) or tok in p.stop_token_ids:
+            return "stop"
+        if p.stop and self.tokenizer is not None:
+            tail = self.tokenizer.decode(req.output_token_ids[-16:])
+            if any(s in tail for s in p.stop):
+                return "stop"
+        if req.num_output_tokens >= p.max_tokens or req.num_tokens >= self.max_model_len:
+            return "length"
+        return None
+
+    def _output(self, req: Request, finished: bool, new: list[int] | None = None) -> RequestOutput:
+        text = ""
+        if finished and self.tokenizer is not None:
+            text = self.tokenizer.decode(req.output_token_ids, skip_special_tokens=True)
+            for s in req.params.stop:
+                if s in text:
+                    text = text[:text.index(s)]
+        return RequestOutput(req.request_id, req.prompt, req.prompt_token_ids, req.output_token_ids, text,
+                             finished, req.finish_reason, req.metrics, req.num_cached_tokens, new or [])
+
+    # -- swap preemption hooks --------------------------------------------------------------------
+    def _swap_out(self, req: Request) -> None:
+        req.swapped_kv = self.kv_cache.copy_out(req.block_table)
+
+    def _swap_in(self, req: Request) -> None:
+        self.kv_cache.copy_in(req.block_table, req.swapped_kv)
+        req.swapped_kv = None
+
+    # -- convenience ------------------------------------------------------------------------------
+    def generate(self, prompts: str | Iterable[str | Sequence[int]], params: SamplingParams | list[SamplingParams] | None = None,
+                 use_tqdm: bool = False) -> list[RequestOutput]:
+        """Run prompts to completion; outputs in the order of the prompts."""
+        if isinstance(prompts, str):
+            prompts = [prompts]
+        prompts = list(prompts)
+        plist = params if isinstance(params, list) else [params or SamplingParams()] * len(prompts)
+        if len(plist) != len(prompts):
+            raise ValueError(f"got {len(plist)} SamplingParams for {len(prompts)} prompts")
+        ids = [self.add_request(p, sp) for p, sp in zip(prompts, plist)]
+        done: dict[str, RequestOutput] = {}
+        bar = None
+        if use_tqdm:
+            from tqdm.auto import tqdm
+
+            bar = tqdm(total=len(ids), desc="generate")
+        while self.has_unfinished() and len(done) < len(ids):
+            for out in self.step():
+                if out.finished and out.request_id in ids and out.request_id not in done:
+                    done[out.request_id] = out
+                    if bar is not None:
+                        bar.update(1)
+        if bar is not None:
+            bar.close()
+        return [done[i] for i in ids]
+
+    def stats(self) -> dict:
+        bm = self.block_manager
+        return {
+            "num_blocks_total": bm.num_blocks,
+            "num_blocks_free": bm.num_free_blocks,
+            "num_blocks_used": bm.num_blocks - bm.num_free_blocks,
+            "block_size": self.block_size,
+            "bytes_per_block": self.bytes_per_block,
+            "kv_cache_bytes": self.kv_cache.nbytes,
+            "kv_capacity_tokens": bm.num_blocks * self.block_size,
+            "num_preemptions": self.scheduler.num_preemptions,
+            "prefix_cache_hit_rate": bm.hit_rate(),
+            "num_cached_blocks": bm.num_cached_blocks,
+            "num_running": len(self.scheduler.running),
+            "num_waiting": len(self.scheduler.waiting),
+            "num_finished": self.num_finished,
+            "num_aborted": self.num_aborted,
+            "num_rejected": self.num_rejected,
+            "num_steps": self.num_steps,
+            "spec_acceptance_rate": None,
+        }

@@ -1,0 +1,89 @@
+"""Where K and V actually live: one pool of slots per layer, addressed by slot = block_id * block_size + offset.
+
+`kv_cache_dtype` trades precision for capacity: fp8 stores 1 byte per value (cast with scale 1, as vLLM does
+by default), int8 stores 1 byte plus one fp32 scale per (token, head).
+"""
+from __future__ import annotations
+
+import torch
+
+STORE_DTYPES = {
+    "fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16,
+    "fp8": torch.float8_e4m3fn, "int8": torch.int8,
+}
+FP8_MAX = 448.0
+
+
+def storage_dtype(kv_cache_dtype: str, model_dtype: torch.dtype) -> torch.dtype:
+    return model_dtype if kv_cache_dtype == "auto" else STORE_DTYPES[kv_cache_dtype]
+
+
+def bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int, store: torch.dtype) -> int:
+    """2 (K and V) x layers x kv_heads x head_dim x bytes per value (+ the int8 scales)."""
+    elem = torch.empty(0, dtype=store).element_size()
+    scales = 2 * num_layers * num_kv_heads * 4 if store == torch.int8 else 0
+    return 2 * num_layers * num_kv_heads * head_dim * elem + scales
+
+
+class KVCache:
+    def __init__(self, num_layers: int, num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int,
+                 compute_dtype: torch.dtype, store_dtype: torch.dtype, device: torch.device) -> None:
+        self.num_layers, self.num_blocks, self.block_size = num_layers, num_blocks, block_size
+        self.compute_dtype, self.store_dtype = compute_dtype, store_dtype
+        shape = (num_layers, num_blocks * block_size, num_kv_heads, head_dim)
+        self.k = torch.zeros(shape, dtype=store_dtype, device=device)
+        self.v = torch.zeros(shape, dtype=store_dtype, device=device)
+        self.quantized = store_dtype == torch.int8
+        if self.quantized:
+            self.k_scale = torch.ones(shape[:3], dtype=torch.float32, device=device)
+            self.v_scale = torch.ones(shape[:3], dtype=torch.float32, device=device)
+
+    @property
+    def nbytes(self) -> int:
+        n = self.k.nbytes + self.v.nbytes
+        return n + (self.k_scale.nbytes + self.v_scale.nbytes if self.quantized else 0)
+
+    def _encode(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        if self.quantized:
+            scale = x.abs().amax(-1).float().clamp(min=1e-8) / 127.0
+            return torch.round(x.float() / scale.unsqueeze(-1)).clamp(-127, 127).to(torch.int8), scale
+        if self.store_dtype == torch.float8_e4m3fn:
+            return x.clamp(-FP8_MAX, FP8_MAX).to(self.store_dtype), None
+        return x.to(self.store_dtype), None
+
+    def write(self, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        """k, v [N, Hkv, D] for the N tokens of this step go to their slots."""
+        kq, ks = self._encode(k)
+        vq, vs = self._encode(v)
+        self.k[layer].index_copy_(0, slots, kq)
+        self.v[layer].index_copy_(0, slots, vq)
+        if self.quantized:
+            self.k_scale[layer].index_copy_(0, slots, ks)
+            self.v_scale[layer].index_copy_(0, slots, vs)
+
+    def read(self, layer: int, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Gather K, V at `slots` (any shape S) -> [*S, Hkv, D] in the compute dtype."""
+        k, v = self.k[layer][slots], self.v[layer][slots]
+        if self.quantized:
+            k = k.float() * self.k_scale[layer][slots].unsqueeze(-1)
+            v = v.float() * self.v_scale[layer][slots].unsqueeze(-1)
+        return k.to(self.compute_dtype), v.to(self.compute_dtype)
+
+    # -- swap (preemption by copying to host memory) ---------------------------------------------
+    def _slots_of(self, block_ids: list[int]) -> torch.Tensor:
+        b = torch.tensor(block_ids, device=self.k.device)
+        return (b[:, None] * self.block_size + torch.arange(self.block_size, device=b.device)).flatten()
+
+    def copy_out(self, block_ids: list[int]) -> dict[str, torch.Tensor]:
+        s = self._slots_of(block_ids)
+        saved = {"k": self.k[:, s].to("cpu"), "v": self.v[:, s].to("cpu")}
+        if self.quantized:
+            saved.update(k_scale=self.k_scale[:, s].to("cpu"), v_scale=self.v_scale[:, s].to("cpu"))
+        return saved
+
+    def copy_in(self, block_ids: list[int], saved: dict[str, torch.Tensor]) -> None:
+        s = self._slots_of(block_ids)
+        n = saved["k"].shape[1]
+        s = s[:n]
+        for name, t in saved.items():
+            getattr(self, name)[:, s] = t.to(self.k.device)

