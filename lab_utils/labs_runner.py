@@ -158,8 +158,8 @@ def run_lab(path: Path, out_dir: Path, *, smoke: bool, device: str = "auto", tim
             nbformat.write(nb, src)
             pm.execute_notebook(
                 str(src), str(out_nb), parameters={"SMOKE": smoke, "DEVICE": device, "INTERACTIVE": False},
-                cwd=str(path.parent), kernel_name=kernel, progress_bar=False, log_output=log_output,
-                execution_timeout=timeout, report_mode=False)
+                cwd=str(path.parent), kernel_name=kernel, language="python", progress_bar=False,
+                log_output=log_output, execution_timeout=timeout, start_timeout=180, report_mode=False)
     except pm.PapermillExecutionError as exc:
         error = f"{exc.ename}: {exc.evalue}".strip()
         failed_cell = exc.exec_count

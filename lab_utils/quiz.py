@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 import os
+import zlib
 from dataclasses import dataclass
 from typing import Any
 
@@ -61,7 +62,12 @@ class Feedback:
 
 
 def _c(qid: str, prompt: str, options: list[str], answer: str, explanation: str) -> Question:
-    return Question(qid, prompt, answer, explanation, tuple(options))
+    """Multiple choice, `answer` a letter of `options` as written; the options are rotated by a fixed amount
+    per question so that the right letter is not always the same one."""
+    k = zlib.crc32(qid.encode()) % len(options)
+    idx = ord(answer) - ord("a")
+    return Question(qid, prompt, chr(ord("a") + (idx - k) % len(options)), explanation,
+                    tuple(options[k:] + options[:k]))
 
 
 def _n(qid: str, prompt: str, answer: float, explanation: str, unit: str = "", tol: float = 0.01) -> Question:

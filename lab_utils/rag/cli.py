@@ -45,14 +45,21 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1 (got {value})")
+    return value
+
+
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("rag-eval", help="multi-turn retrieval: score a query strategy x retriever (lab 11)")
     p.add_argument("--conversations", required=True, type=Path, help="JSONL file: {id, turns: [{user, gold, constraints}]}")
     p.add_argument("--strategy", choices=STRATEGIES, default="session")
     p.add_argument("--retriever", choices=RETRIEVERS, default="bm25")
-    p.add_argument("--k", type=int, default=5, help="top-k cut-off for recall and nDCG (default 5)")
+    p.add_argument("--k", type=_positive_int, default=5, help="top-k cut-off for recall and nDCG (default 5)")
     p.add_argument("--json", type=Path, default=None, help="write the metrics here")
-    p.add_argument("--window", type=int, default=2, help="raw user messages the session strategy re-sends (default 2)")
+    p.add_argument("--window", type=_positive_int, default=2, help="raw user messages the session strategy re-sends (default 2)")
     p.add_argument("--corpus-slice", type=int, default=0, metavar="N",
                    help="use only the gold titles plus N random distractors (fast; 0 = whole corpus)")
     p.add_argument("--seed", type=int, default=0, help="seed of the corpus slice")

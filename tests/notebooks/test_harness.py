@@ -73,8 +73,8 @@ def read_report(path: Path) -> dict[str, dict]:
 
 def run_labs_cli(*args: str, timeout: int = 900) -> subprocess.CompletedProcess:
     env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
-    return subprocess.run([sys.executable, "-m", "lab_utils", "run-labs", *args], capture_output=True, text=True,
-                          timeout=timeout, cwd=REPO_ROOT, env=env)
+    return subprocess.run([sys.executable, "-m", "lab_utils", "run-labs", *args], check=False, capture_output=True,
+                          text=True, timeout=timeout, cwd=REPO_ROOT, env=env)
 
 
 def _write_lab(path: Path, *code: str) -> None:

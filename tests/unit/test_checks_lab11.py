@@ -33,12 +33,13 @@ def _no_cap(state, message):
 
 
 def _ignores_negation(state, message):
-    ref = update_state(state, message)
-    ruled = {c[4:] for c in ref.constraints if c.startswith("not ")}
-    ents = extract_entities(message) + [e for e in state.entities if e not in extract_entities(message)]
-    if ref.goal != state.goal or state.turn == 0:
-        return ref
-    return replace(ref, entities=tuple(ents[:3])) if ruled & set(ents[:3]) else ref
+    """Keeps an entity in focus after the user said "not X"."""
+    ents, cons = extract_entities(message), extract_constraints(message)
+    if state.turn == 0 or (ents and not refers_back(message)):
+        return SessionState(tuple(ents[:3]), tuple(cons), goal_of(message), state.turn + 1)
+    merged = ents + [e for e in state.entities if e not in ents]
+    out = list(state.constraints) + [c for c in cons if c not in state.constraints]
+    return SessionState(tuple(merged[:3]), tuple(out), state.goal, state.turn + 1)
 
 
 def _oldest_first(state, message):

@@ -43,7 +43,10 @@ def test_numeric_tolerance_and_formats():
 
 def test_choice_accepts_letter_case_parens_and_option_text():
     q = quiz.get("00", "ttft")
-    assert quiz.ask(0, "ttft", "A") and quiz.ask("00_foundations", "ttft", "(a)") and quiz.ask("00", "ttft", "ttft")
+    right_text = q.options[q.letters().index(q.answer)]
+    assert right_text == "TTFT"
+    assert quiz.ask(0, "ttft", q.answer.upper()) and quiz.ask("00_foundations", "ttft", f"({q.answer})")
+    assert quiz.ask("00", "ttft", "ttft")  # the option's text, any case
     bad = quiz.ask("00", "ttft", "z")
     assert not bad and "one of the letters" in bad.message and bad.explanation == q.explanation
 
@@ -58,7 +61,8 @@ def test_unknown_lab_or_question_is_a_clear_error():
 def test_plain_text_when_not_interactive(capsys):
     quiz.show("02", interactive=False)
     out = capsys.readouterr().out
-    assert "quiz.ask('02'" in out and "[blocks_needed]" in out and "(b) Preempts a sequence" in out
+    q = quiz.get("02", "out_of_blocks")
+    assert "quiz.ask('02'" in out and "[blocks_needed]" in out and f"({q.answer}) Preempts a sequence" in out
 
 
 def test_widgets_grade_on_click():
@@ -73,6 +77,10 @@ def test_widgets_grade_on_click():
     _prompt, radio, button, feedback = choice.children
     button.click()
     assert "Pick or type" in feedback.value
-    radio.value = "a"
+    q = quiz.questions("01")[1]
+    radio.value = next(ltr for ltr in q.letters() if ltr != q.answer)
     button.click()
     assert "Not quite" in feedback.value and "Iteration-level" in feedback.value
+    radio.value = q.answer
+    button.click()
+    assert "Correct" in feedback.value

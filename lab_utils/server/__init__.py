@@ -1,0 +1,1 @@
+"""An OpenAI-compatible HTTP server over LLMEngine (FastAPI + a background engine loop)."""

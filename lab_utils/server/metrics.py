@@ -1,0 +1,54 @@
+"""Prometheus metrics, named like vLLM's (`vllm:time_to_first_token_seconds` -> `lab:time_to_first_token_seconds`)."""
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from lab_utils.engine.request import RequestOutput
+
+LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+                   20.0, 40.0, 80.0)
+
+
+class ServerMetrics:
+    def __init__(self, engine) -> None:
+        self.engine = engine
+        r = self.registry = CollectorRegistry()
+        self.ttft = Histogram("lab:time_to_first_token_seconds", "Time to first token", registry=r, buckets=LATENCY_BUCKETS)
+        self.itl = Histogram("lab:inter_token_latency_seconds", "Time between output tokens", registry=r, buckets=LATENCY_BUCKETS)
+        self.e2e = Histogram("lab:e2e_request_latency_seconds", "End-to-end request latency", registry=r, buckets=LATENCY_BUCKETS)
+        self.prompt_tokens = Counter("lab:prompt_tokens", "Prompt tokens processed", registry=r)
+        self.generation_tokens = Counter("lab:generation_tokens", "Tokens generated", registry=r)
+        self.finished = Counter("lab:request_success", "Requests finished", ["finished_reason"], registry=r)
+        self.running = Gauge("lab:num_requests_running", "Requests running", registry=r)
+        self.waiting = Gauge("lab:num_requests_waiting", "Requests waiting", registry=r)
+        self.kv_usage = Gauge("lab:kv_cache_usage_perc", "Share of KV blocks in use", registry=r)
+        self.preemptions = Gauge("lab:num_preemptions", "Preemptions so far", registry=r)
+        self.prefix_hit = Gauge("lab:prefix_cache_hit_rate", "Prefix cache hit rate (prompt tokens)", registry=r)
+        self._seen_tokens: dict[str, int] = {}
+
+    def observe(self, out: RequestOutput) -> None:
+        """Called from the engine loop for every output."""
+        m = out.metrics
+        n_prev = self._seen_tokens.get(out.request_id, 0)
+        n_now = len(m.token_times)
+        if n_prev == 0 and n_now > 0 and m.ttft is not None:
+            self.ttft.observe(m.ttft)
+            self.prompt_tokens.inc(len(out.prompt_token_ids))
+        for a, b in zip(m.token_times[max(n_prev - 1, 0):], m.token_times[max(n_prev, 1):]):
+            self.itl.observe(b - a)
+        self.generation_tokens.inc(max(n_now - n_prev, 0))
+        self._seen_tokens[out.request_id] = n_now
+        if out.finished:
+            self._seen_tokens.pop(out.request_id, None)
+            if m.e2e is not None:
+                self.e2e.observe(m.e2e)
+            self.finished.labels((out.finish_reason or "unknown").split(":")[0]).inc()
+
+    def render(self) -> bytes:
+        s = self.engine.stats()
+        self.running.set(s["num_running"])
+        self.waiting.set(s["num_waiting"])
+        self.kv_usage.set(s["num_blocks_used"] / max(s["num_blocks_total"], 1))
+        self.preemptions.set(s["num_preemptions"])
+        self.prefix_hit.set(s["prefix_cache_hit_rate"])
+        return generate_latest(self.registry)

@@ -1,0 +1,174 @@
+"""The OpenAI-compatible server on loopback: protocol, bad input, load, disconnects (bounded in count and time)."""
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import threading
+import time
+
+import httpx
+import pytest
+import torch
+
+from lab_utils import EngineConfig, LLMEngine, load_model
+from lab_utils.server.app import create_app
+
+MODEL = "tiny-random"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class _Server:
+    def __init__(self, app, port: int) -> None:
+        import uvicorn
+
+        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+        self.url = f"http://127.0.0.1:{port}"
+
+    def __enter__(self):
+        self.thread.start()
+        deadline = time.time() + 30
+        while not self.server.started:
+            assert time.time() < deadline, "server did not start in 30 s"
+            time.sleep(0.05)
+        return self
+
+    def __exit__(self, *exc):
+        self.server.should_exit = True
+        self.thread.join(timeout=30)
+
+
+@pytest.fixture(scope="module")
+def server():
+    model, tok = load_model(MODEL, device="cpu", dtype=torch.float32)
+    engine = LLMEngine((model, tok), EngineConfig(max_num_seqs=64, max_num_batched_tokens=512), device="cpu")
+    app = create_app(engine, MODEL, max_tokens_cap=64, api_key="sk-test")
+    with _Server(app, _free_port()) as srv:
+        srv.engine = engine
+        yield srv
+    app.state.async_engine.shutdown()
+
+
+H = {"Authorization": "Bearer sk-test"}
+
+
+def test_models_health_metrics(server):
+    r = httpx.get(server.url + "/v1/models", headers=H)
+    assert r.status_code == 200 and r.json()["data"][0]["id"] == MODEL
+    assert httpx.get(server.url + "/health").json() == {"status": "ok"}
+    httpx.post(server.url + "/v1/completions", headers=H, json={"model": MODEL, "prompt": "hi", "max_tokens": 3})
+    text = httpx.get(server.url + "/metrics").text
+    for name in ("lab:time_to_first_token_seconds", "lab:inter_token_latency_seconds",
+                 "lab:e2e_request_latency_seconds", "lab:kv_cache_usage_perc", "lab:num_requests_running",
+                 "lab:num_requests_waiting", "lab:num_preemptions"):
+        assert name in text, f"{name} missing from /metrics"
+
+
+def test_completion_and_chat_non_streaming(server):
+    r = httpx.post(server.url + "/v1/completions", headers=H,
+                   json={"model": MODEL, "prompt": "Hello", "max_tokens": 5, "temperature": 0, "ignore_eos": True})
+    body = r.json()
+    assert r.status_code == 200, body
+    assert body["usage"]["completion_tokens"] == 5 and body["choices"][0]["finish_reason"] == "length"
+    r = httpx.post(server.url + "/v1/chat/completions", headers=H,
+                   json={"model": MODEL, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4,
+                         "ignore_eos": True})
+    assert r.status_code == 200 and r.json()["choices"][0]["message"]["role"] == "assistant"
+
+
+def test_openai_client_streams_chat(server):
+    openai = pytest.importorskip("openai")
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key="sk-test")
+    chunks = list(client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Hi"}],
+                                                 max_tokens=6, stream=True, extra_body={"ignore_eos": True}))
+    assert chunks[-1].choices[0].finish_reason == "length"
+    assert len(chunks) == 6
+    out = client.completions.create(model=MODEL, prompt="Hi", max_tokens=3, extra_body={"ignore_eos": True})
+    assert out.usage.completion_tokens == 3
+
+
+@pytest.mark.parametrize("case,status", [
+    ("no_key", 401), ("wrong_model", 404), ("bad_json", 400), ("bad_field", 400), ("too_long", 400),
+    ("missing_field", 400), ("empty_messages", 400),
+])
+def test_bad_requests(server, case, status):
+    url, body, headers = server.url + "/v1/completions", {"model": MODEL, "prompt": "x", "max_tokens": 2}, dict(H)
+    content = None
+    if case == "no_key":
+        headers = {}
+    elif case == "wrong_model":
+        body["model"] = "gpt-9"
+    elif case == "bad_json":
+        content, body = b"{not json", None
+        headers["content-type"] = "application/json"
+    elif case == "bad_field":
+        body["temperature"] = -3
+    elif case == "too_long":
+        body["prompt"] = list(range(100, 100 + server.engine.max_model_len + 5))
+    elif case == "missing_field":
+        del body["prompt"]
+    elif case == "empty_messages":
+        url, body = server.url + "/v1/chat/completions", {"model": MODEL, "messages": []}
+    r = httpx.post(url, headers=headers, json=body, content=content) if content is None else \
+        httpx.post(url, headers=headers, content=content)
+    assert r.status_code == status, r.text
+    assert r.json()["error"]["message"], "an error must say what is wrong"
+
+
+def test_max_tokens_is_capped(server):
+    r = httpx.post(server.url + "/v1/completions", headers=H,
+                   json={"model": MODEL, "prompt": "x", "max_tokens": 10_000, "ignore_eos": True})
+    assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 64
+
+
+async def _stream_tokens(client: httpx.AsyncClient, url: str, n: int, stop_after: int | None = None) -> int:
+    body = {"model": MODEL, "prompt": "Once upon a time", "max_tokens": n, "stream": True, "ignore_eos": True,
+            "temperature": 0}
+    got = 0
+    async with client.stream("POST", url + "/v1/completions", json=body, headers=H) as r:
+        assert r.status_code == 200
+        async for line in r.aiter_lines():
+            if line.startswith("data: ") and line != "data: [DONE]":
+                json.loads(line[6:])
+                got += 1
+                if stop_after is not None and got >= stop_after:
+                    return got  # leaving the block closes the connection mid-stream
+    return got
+
+
+def test_200_concurrent_streams_all_complete(server):
+    async def main():
+        limits = httpx.Limits(max_connections=256)
+        async with httpx.AsyncClient(timeout=120, limits=limits) as client:
+            return await asyncio.wait_for(
+                asyncio.gather(*[_stream_tokens(client, server.url, 8) for _ in range(200)]), timeout=240)
+
+    counts = asyncio.run(main())
+    assert counts == [8] * 200, f"{sum(c != 8 for c in counts)} of 200 streams lost tokens"
+    _wait_idle(server.engine)
+
+
+def test_disconnects_free_every_block(server):
+    async def main():
+        async with httpx.AsyncClient(timeout=60) as client:
+            return await asyncio.wait_for(
+                asyncio.gather(*[_stream_tokens(client, server.url, 64, stop_after=3) for _ in range(20)]), timeout=120)
+
+    assert asyncio.run(main()) == [3] * 20
+    _wait_idle(server.engine)
+    s = server.engine.stats()
+    assert s["num_aborted"] >= 20
+    server.engine.block_manager.check_all_free()
+
+
+def _wait_idle(engine, timeout: float = 30) -> None:
+    deadline = time.time() + timeout
+    while engine.scheduler.has_work():
+        assert time.time() < deadline, f"engine still busy: {engine.stats()}"
+        time.sleep(0.05)
