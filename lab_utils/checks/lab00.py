@@ -7,7 +7,7 @@ plus a diagnosis when the output matches a known mistake. It never prints the re
 from __future__ import annotations
 
 import math
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
-from lab_utils.engine.request import Request
+from lab_utils.engine.request import Request, Status
 
 
 def block_hash(parent_hash: int | None, token_ids: tuple[int, ...]) -> int:
@@ -93,7 +93,9 @@ class BlockManager:
 
     def can_admit(self, req: Request, num_new_tokens: int) -> bool:
         """Enough free blocks for a waiting request's first chunk, keeping the watermark for running ones."""
-        hits = self.match_prefix(req) if not req.block_table else []
+        # only a fresh admission attaches cached blocks (see `admit`); a swapped-out request brings its own KV
+        fresh = not req.block_table and req.status is not Status.SWAPPED
+        hits = self.match_prefix(req) if fresh else []
         reusable_free = sum(1 for b in hits if self.blocks[b].ref_count == 0)
         total = max(req.num_computed_tokens, len(hits) * self.block_size) + num_new_tokens
         need = self.blocks_needed(total) - len(hits) - len(req.block_table) + reusable_free

@@ -118,10 +118,12 @@ class LLMEngine:
         if req.num_prompt_tokens >= self.max_model_len:
             return (f"prompt has {req.num_prompt_tokens} tokens but max_model_len is {self.max_model_len} "
                     f"(prompt + at least one generated token must fit)")
-        need = self.block_manager.blocks_needed(min(req.num_prompt_tokens + 1, self.max_model_len))
+        # the whole request (prompt + max_tokens) must fit in the pool on its own, else preemption cannot help
+        longest = min(req.num_prompt_tokens + req.params.max_tokens, self.max_model_len)
+        need = self.block_manager.blocks_needed(longest)
         if need > self.num_blocks:
-            return (f"prompt needs {need} KV blocks but the pool has only {self.num_blocks}; "
-                    f"raise kv_cache_memory_bytes or num_gpu_blocks")
+            return (f"prompt + max_tokens ({longest} tokens) needs {need} KV blocks but the pool has only "
+                    f"{self.num_blocks}; lower max_tokens, or raise kv_cache_memory_bytes or num_gpu_blocks")
         return None
 
     def abort(self, request_id: str) -> bool:

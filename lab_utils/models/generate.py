@@ -7,7 +7,7 @@ each token is produced (after the device has finished it), which is where per-to
 """
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 

@@ -35,7 +35,7 @@ class SimpleKVCache:
         self.length = 0  # tokens cached per sequence (committed by `advance`)
 
     @classmethod
-    def for_model(cls, model, batch: int, max_len: int) -> "SimpleKVCache":
+    def for_model(cls, model, batch: int, max_len: int) -> SimpleKVCache:
         c = model.config
         if max_len > c.max_position_embeddings:
             raise ValueError(

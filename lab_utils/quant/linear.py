@@ -73,8 +73,14 @@ class Int4Linear(nn.Module):
         m = cls(linear.in_features, linear.out_features, group_size, symmetric, linear.bias is not None)
         w = linear.weight.detach().float()
         scale, zp = compute_qparams(w, 4, symmetric, "group", group_size)
-        # scales are stored in fp16: quantize with the rounded scale, so stored ints and stored scale agree
-        scale = scale.half().float().clamp(min=torch.finfo(torch.float16).tiny)
+        # Scales are stored in fp16. Round each one *up* to an fp16 value (so the group's range still fits: no
+        # clipping) and choose the integers with that stored scale, so stored ints and stored scale agree.
+        s16 = scale.clamp(min=torch.finfo(torch.float16).tiny, max=torch.finfo(torch.float16).max).half()
+        s16 = torch.where(s16.float() < scale, torch.nextafter(s16, torch.full_like(s16, torch.inf)), s16)
+        scale = s16.float()
+        if not symmetric:
+            lo = w.view(w.shape[0], -1, group_size).amin(-1, keepdim=True).clamp(max=0)
+            zp = torch.clamp(-torch.round(lo / scale), 0, 15)
         qt = quantize_int(w, 4, symmetric, "group", group_size, scale=scale, zero_point=zp)
         m.qweight = pack_int4(qt.q).to(w.device)
         m.scales = qt.scale.to(device=w.device, dtype=torch.float16)

@@ -381,7 +381,7 @@ def qat(model: nn.Module, cfg: QuantConfig, train: torch.Tensor, steps: int = 20
         opt.zero_grad(set_to_none=True)
         l.backward()
         opt.step()
-        losses.append(float(l))
+        losses.append(float(l.detach()))
     student.eval()
     with torch.no_grad():
         for name, m in list(student.named_modules()):

@@ -100,6 +100,7 @@ def evaluate(
     count_tokens: Callable[[Sequence[str]], list[int]] | None = None,
     window: int = 2,
     update: Callable[[SessionState, str], SessionState] = update_state,
+    use_replies: bool = True,
 ) -> EvalResult:
     """Build every turn's query, retrieve them all in one batch (dense retrievers embed faster in batches),
     and score each turn against its gold titles and constraints."""
@@ -110,7 +111,7 @@ def evaluate(
     index: list[tuple[Conversation, int]] = []
     for conv in conversations:
         replies = [assistant_reply(t.gold, corpus) for t in conv.turns]
-        qs = build_queries(conv.messages, strategy, replies, window=window, update=update)
+        qs = build_queries(conv.messages, strategy, replies, window=window, update=update, use_replies=use_replies)
         queries += qs
         index += [(conv, i) for i in range(len(qs))]
     retrieved = retriever.search([q.text for q in queries], k=k, exclude=[q.exclude for q in queries])

@@ -3,7 +3,9 @@
 - `last`: the latest user message only. Cheap; blind to "she", "it", "what about ...".
 - `full`: the whole history, user and assistant turns, concatenated. Complete, but long, and old topics
   outweigh the new question.
-- `session`: the session state (entities, constraints, goal) + the last `window` raw user messages.
+- `session`: the session state (entities, constraints, goal) + the last `window` raw user messages. The
+  state also notes the subject of each assistant reply (`use_replies`), since users point at what the
+  assistant said ("what other drink contains it?") as often as at what they said themselves.
 
 Our conversation files hold only user turns, so `full` stands in for a chat history by giving each earlier
 turn the reply of an assistant that answered it correctly: the lead sentence of each gold article. That is
@@ -55,6 +57,7 @@ def build_queries(
     replies: Sequence[str] | None = None,
     window: int = 2,
     update: Callable[[SessionState, str], SessionState] = update_state,
+    use_replies: bool = True,
 ) -> list[Query]:
     """The query for every turn of one conversation (turn i sees messages[: i + 1] and replies[: i])."""
     if strategy not in STRATEGIES:
@@ -70,7 +73,8 @@ def build_queries(
             history = [x for pair in zip(messages[:i], replies[:i]) for x in pair if x]
             out.append(Query("\n".join([*history, msg])))
         return out
-    for i, state in enumerate(run_session(list(messages), update)):
+    seen_replies = list(replies) if use_replies else None
+    for i, state in enumerate(run_session(list(messages), update, seen_replies)):
         recent = messages[max(0, i - window + 1): i + 1]
         out.append(Query(session_text(state, recent), tuple(state.excluded()), state))
     return out

@@ -147,29 +147,36 @@ def embed(texts: Sequence[str], encoder=None, batch_size: int = 32, progress: bo
     return np.concatenate(out) if out else np.zeros((0, 384), np.float32)
 
 
-def corpus_embeddings(corpus: Corpus, cache: EmbeddingCache | None = None, progress: bool = True) -> np.ndarray:
-    """Embeddings of every document, computing (and caching) only those not on disk yet."""
-    cache = cache or EmbeddingCache()
-    texts = corpus.texts()
+def cached_embeddings(texts: Sequence[str], cache: EmbeddingCache, progress: bool = True, what: str = "texts") -> np.ndarray:
+    """Embeddings of `texts`, computing (and saving) only those the cache lacks."""
     keys = [cache.key(t) for t in texts]
-    todo = [i for i, key in enumerate(keys) if key not in cache.vectors]
+    todo = list(dict.fromkeys(i for i, key in enumerate(keys) if key not in cache.vectors))
     if todo:
-        vecs = embed([texts[i] for i in todo], progress=progress, desc=f"embedding {len(todo)} documents")
+        vecs = embed([texts[i] for i in todo], progress=progress, desc=f"embedding {len(todo)} {what}")
         for i, v in zip(todo, vecs):
             cache.vectors[keys[i]] = v
         cache.save()
+    if not keys:
+        return np.zeros((0, 384), np.float32)
     return np.stack([cache.vectors[key] for key in keys]).astype(np.float32)
+
+
+def corpus_embeddings(corpus: Corpus, cache: EmbeddingCache | None = None, progress: bool = True) -> np.ndarray:
+    """Embeddings of every document, computing (and caching) only those not on disk yet."""
+    return cached_embeddings(corpus.texts(), cache or EmbeddingCache(), progress, "documents")
 
 
 class DenseRetriever:
     """Cosine similarity between MiniLM embeddings of the query and of each summary."""
 
     def __init__(self, corpus: Corpus, cache: EmbeddingCache | None = None, progress: bool = True, pool: int = 50):
-        self.corpus, self.pool = corpus, pool
-        self.matrix = corpus_embeddings(corpus, cache, progress)
+        self.corpus, self.pool, self.progress = corpus, pool, progress
+        self.cache = cache or EmbeddingCache()
+        self.matrix = corpus_embeddings(corpus, self.cache, progress)
 
     def scores(self, queries: Sequence[str], pool: int) -> tuple[np.ndarray, np.ndarray]:
-        q = embed(list(queries), progress=False)
+        # queries are cached too: an evaluation re-sends the same first turns under every strategy
+        q = cached_embeddings(list(queries), self.cache, self.progress, "queries")
         sims = q @ self.matrix.T
         pool = min(pool, len(self.corpus))
         order = np.argsort(-sims, axis=1, kind="stable")[:, :pool]

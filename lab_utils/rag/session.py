@@ -142,10 +142,39 @@ def update_state(state: SessionState, message: str) -> SessionState:
     return SessionState(tuple(kept), tuple(merged_constraints), goal, state.turn + 1)
 
 
-def run_session(messages: list[str], update: Callable[[SessionState, str], SessionState] = update_state) -> list[SessionState]:
-    """The state after each message (index i: after messages[: i + 1])."""
+def reply_subjects(reply: str) -> list[str]:
+    """The subject of each sentence of an assistant reply: the first entity it names ("Caffeine is ...")."""
+    out: list[str] = []
+    for sentence in re.split(r"(?<=[.!?])\s+", reply):
+        ents = extract_entities(sentence)
+        if ents:
+            out.append(_clean_span(" ".join(ents[0].split()[:4])))  # full legal names can run to 12 words
+    return list(dict.fromkeys(out))
+
+
+def observe_reply(state: SessionState, reply: str) -> SessionState:
+    """Fold the assistant's answer in: what it talked about is in focus too ("what other drink contains it?"
+    after an answer about caffeine). Only sentence subjects are kept, so the state stays a few words long."""
+    subjects = [e for e in reply_subjects(reply) if f"not {e}" not in state.constraints]
+    if not subjects:
+        return state
+    merged = subjects + [e for e in state.entities if e not in subjects]
+    return replace(state, entities=tuple(merged[:MAX_ENTITIES]))
+
+
+def run_session(
+    messages: list[str],
+    update: Callable[[SessionState, str], SessionState] = update_state,
+    replies: list[str] | None = None,
+) -> list[SessionState]:
+    """The state each message's query is built from (index i: after messages[: i + 1] and replies[: i]).
+
+    With `replies`, the assistant's answer to turn i is observed before message i + 1 arrives.
+    """
     states, state = [], SessionState()
-    for msg in messages:
+    for i, msg in enumerate(messages):
+        if i > 0 and replies and replies[i - 1]:
+            state = observe_reply(state, replies[i - 1])
         state = update(state, msg)
         states.append(state)
     return states

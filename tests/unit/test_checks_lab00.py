@@ -105,7 +105,7 @@ def _repeat_not_interleave(q, kn, vn, kc, vc):
 
 
 def _skip_self(q, kn, vn, kc, vc):
-    out, k, v = good_step(q, kc, vc, kc[:, :0], vc[:, :0]) if kc.shape[1] else good_step(q, kn, vn, kc, vc)
+    out, _, _ = good_step(q, kc, vc, kc[:, :0], vc[:, :0]) if kc.shape[1] else good_step(q, kn, vn, kc, vc)
     return out, torch.cat([kc, kn], 1), torch.cat([vc, vn], 1)
 
 

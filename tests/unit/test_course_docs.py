@@ -5,12 +5,16 @@ import re
 from pathlib import Path
 
 import pytest
-import tomllib
 import yaml
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
 from lab_utils.paths import REPO_ROOT
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    tomllib = pytest.importorskip("tomli")
 
 SYLLABUS = REPO_ROOT / "labs" / "README.md"
 NOTEBOOK_RE = re.compile(r"\b(\d{2}_[A-Za-z0-9_]+)\.ipynb\b")
@@ -54,7 +58,7 @@ def test_syllabus_lists_every_notebook_and_nothing_else_with_a_measured_time():
     header, listed = rows_by_notebook(section(text, "Labs"))
     missing = sorted(set(present) - set(listed))
     assert not missing, (f"labs/README.md: move {missing} into the '## Labs' table (from '## Coming') with the run "
-                         f"time measured by `python -m lab_utils run-labs --device cpu --only NN`")
+                         f"time: `python -m lab_utils run-labs --device cpu --only NN --update-syllabus` does both")
     extra = sorted(set(listed) - set(present))
     assert not extra, f"labs/README.md lists {extra} under '## Labs' but there is no such notebook in labs/"
     col = next((i for i, h in enumerate(header) if "run time" in h.lower()), None)
@@ -102,7 +106,8 @@ def test_environment_yml_matches_pyproject():
     expected = project["dependencies"] + project["optional-dependencies"]["test"]
     got = _pip_section(REPO_ROOT / "environment.yml")
     assert sorted(map(_norm, got)) == sorted(map(_norm, expected)), (
-        "environment.yml's pip section must list pyproject's dependencies plus the 'test' extra, same specifiers:"
+        "environment.yml's pip section must list pyproject's dependencies plus the 'test' extra, same specifiers "
+        "(run `python scripts/sync_environment.py`):"
         f"\n only in environment.yml: {sorted(set(got) - set(expected))}"
         f"\n only in pyproject.toml: {sorted(set(expected) - set(got))}")
     conda = _conda_deps(REPO_ROOT / "environment.yml")
@@ -112,7 +117,8 @@ def test_environment_yml_matches_pyproject():
 def test_binder_environment_matches_pyproject_names():
     project = _pyproject()["project"]
     got = _pip_section(REPO_ROOT / "binder" / "environment.yml")
-    assert sorted(_norm(r)[0] for r in got) == sorted(_norm(r)[0] for r in project["dependencies"])
+    assert sorted(_norm(r)[0] for r in got) == sorted(_norm(r)[0] for r in project["dependencies"]), (
+        "binder/environment.yml is out of date: run `python scripts/sync_environment.py`")
     text = (REPO_ROOT / "binder" / "environment.yml").read_text()
     assert "download.pytorch.org/whl/cpu" in text, "Binder is CPU-only: take torch's CPU wheel"
     post = REPO_ROOT / "binder" / "postBuild"
@@ -129,3 +135,44 @@ def test_docs_link_the_journeys(doc, needles):
     text = (REPO_ROOT / doc).read_text(encoding="utf-8")
     for needle in needles:
         assert needle in text, f"{doc} should mention {needle!r}"
+
+
+# --------------------------------------------------------------------------------- exercises and checks
+LABS = sorted((REPO_ROOT / "labs").glob("*.ipynb"))
+CHECK_CALL_RE = re.compile(r"\b(check_\w+)\s*\(")
+
+
+def _check_names() -> dict[str, Path]:
+    import ast
+
+    names = {}
+    for path in sorted((REPO_ROOT / "lab_utils" / "checks").glob("lab*.py")):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        names.update({n.name: path for n in tree.body if isinstance(n, ast.FunctionDef)
+                      and n.name.startswith("check_")})
+    return names
+
+
+@pytest.mark.parametrize("lab", LABS, ids=[p.stem for p in LABS])
+def test_every_exercise_is_followed_by_its_check(lab):
+    import nbformat
+
+    from lab_utils.student import exercise_cells
+
+    nb = nbformat.read(lab, as_version=4)
+    checks = _check_names()
+    for i in exercise_cells(nb):
+        nxt = next((c for c in nb.cells[i + 1:] if c.cell_type == "code"), None)
+        called = CHECK_CALL_RE.findall(nxt.source) if nxt is not None else []
+        assert called, f"{lab.name}: exercise cell {i} must be followed by a code cell calling lab_utils.checks"
+        unknown = [c for c in called if c not in checks]
+        assert not unknown, f"{lab.name}: cell after exercise {i} calls {unknown}, not defined in lab_utils/checks"
+
+
+def test_every_check_has_a_negative_control():
+    """A plausible wrong implementation must fail each check: some test passes one and expects AssertionError."""
+    tests = {p: p.read_text(encoding="utf-8") for p in (REPO_ROOT / "tests" / "unit").glob("test_checks*.py")}
+    for name, where in _check_names().items():
+        hits = [p.name for p, text in tests.items() if name in text and "raises(AssertionError" in text]
+        assert hits, (f"{where.name}: {name} has no negative control in tests/unit/test_checks*.py "
+                      f"(a wrong implementation under pytest.raises(AssertionError))")

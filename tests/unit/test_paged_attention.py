@@ -297,3 +297,39 @@ def test_check_all_free_catches_a_leak():
     run_prompt(bm, r)
     with pytest.raises(AssertionError, match="still referenced"):
         bm.check_all_free()
+
+
+# --- CUDA ----------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.needs_cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_paged_attention_and_engine_match_cpu():
+    """On a GPU: the batched paged path equals dense attention there, and the engine's greedy outputs on CUDA
+    equal the CPU engine's (tiny-random in float64: no argmax can flip)."""
+    from lab_utils import EngineConfig, LLMEngine, load_model
+
+    context_lens, query_lens, hq, hkv, d, bs = [100, 2, 31, 77, 16], [16, 2, 1, 30, 16], 9, 3, 64, 16
+    tables, ks, vs, qs, num_blocks = make_case(3, context_lens, query_lens, hq, hkv, d, bs)
+    dev = torch.device("cuda")
+    cache = KVCache(1, num_blocks, bs, hkv, d, torch.float32, torch.float32, dev)
+    for table, k, v, ql in zip(tables, ks, vs, query_lens):
+        s = torch.tensor(slots_of(table, 0, k.shape[0] - ql, bs), dtype=torch.long, device=dev)
+        cache.write(0, s, k[:k.shape[0] - ql].to(dev), v[:k.shape[0] - ql].to(dev))
+    meta = AttentionMetadata.build(tables, context_lens, query_lens, bs, dev)
+    new_k = torch.cat([k[k.shape[0] - ql:] for k, ql in zip(ks, query_lens)]).to(dev)
+    new_v = torch.cat([v[v.shape[0] - ql:] for v, ql in zip(vs, query_lens)]).to(dev)
+    got = PagedAttention(cache, meta)(0, torch.cat(qs).to(dev)[None], new_k[None], new_v[None])[0].cpu()
+    want = torch.cat([dense_attention(q, k, v) for q, k, v in zip(qs, ks, vs)]).float()
+    torch.testing.assert_close(got, want, atol=ATOL, rtol=RTOL)
+
+    prompts = [[100 + (7 * i + j) % 5000 for j in range(5 + 9 * i)] for i in range(6)]
+    params = SamplingParams(max_tokens=12, ignore_eos=True)
+    outs = {}
+    for device in ("cpu", "cuda"):
+        model_tok = load_model("tiny-random", device=device, dtype=torch.float64)
+        eng = LLMEngine(model_tok, EngineConfig(num_gpu_blocks=64, block_size=16, max_num_batched_tokens=32,
+                                                max_model_len=256), device=device)
+        outs[device] = [o.token_ids for o in eng.generate(prompts, params)]
+        eng.block_manager.check_all_free()
+    assert outs["cuda"] == outs["cpu"]

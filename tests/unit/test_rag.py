@@ -15,7 +15,7 @@ from lab_utils.rag.corpus import Corpus, Doc, load_corpus
 from lab_utils.rag.evaluate import carries, constraint_completeness, evaluate, ndcg_at_k, recall_at_k
 from lab_utils.rag.queries import Query, TokenCounter, assistant_reply, build_queries
 from lab_utils.rag.retrievers import BM25Retriever, HybridRetriever, build_retriever, light_stem
-from lab_utils.rag.session import SessionState, llm_update, run_session, update_state
+from lab_utils.rag.session import SessionState, llm_update, observe_reply, reply_subjects, run_session, update_state
 
 
 @pytest.fixture(scope="module")
@@ -274,3 +274,17 @@ def test_cli_reports_bad_files(tmp_path, capsys):
     src.write_text(json.dumps(GOOD) + "\n" + '{"id": "c", "turns": [{"user": ""}]}\n')
     assert main(["rag-eval", "--conversations", str(src)]) == 2
     assert "c.jsonl:2: turns[0].user" in capsys.readouterr().err
+
+
+def test_assistant_replies_put_their_subject_in_focus(corpus):
+    reply = assistant_reply(["Caffeine"], corpus)
+    assert reply.startswith("Caffeine") and reply_subjects(reply) == ["Caffeine"]
+    assert reply_subjects("Diego María de la Concepción Juan Rivera was a painter. He married Frida Kahlo.") == ["Diego María"]
+    msgs = ["Where does coffee come from?", "Which chemical in it keeps people awake?", "What other drink also contains it?"]
+    replies = [assistant_reply(["Coffee"], corpus), reply, ""]
+    with_replies = run_session(msgs, replies=replies)
+    assert with_replies[2].entities[0] == "Caffeine" and "Caffeine" not in run_session(msgs)[2].entities
+    ruled = observe_reply(SessionState(("Moon",), ("not Caffeine",), "moon", 1), reply)
+    assert ruled.entities == ("Moon",)  # a reply cannot bring back what the user ruled out
+    q_user_only = build_queries(msgs, "session", replies, use_replies=False)[2].text
+    assert "Caffeine" in build_queries(msgs, "session", replies)[2].text and "Caffeine" not in q_user_only

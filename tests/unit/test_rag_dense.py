@@ -29,6 +29,8 @@ def test_dense_retrieves_by_meaning_and_caches(tmp_path, monkeypatch):
     assert "Tea" not in dense.search(["a hot drink made from leaves"], k=3, exclude=[["Tea"]])[0]
 
     calls.clear()
+    dense.search(["the tallest peak on the planet"], k=1)
+    assert calls == []  # queries are cached as well
     again = retrievers.DenseRetriever(small.slice(["Tea"], extra=5, seed=1), progress=False)
     assert calls == []  # a sub-slice reuses the cached vectors
     hybrid = retrievers.HybridRetriever([retrievers.BM25Retriever(small), dense])
