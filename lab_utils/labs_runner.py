@@ -140,6 +140,9 @@ def run_lab(path: Path, out_dir: Path, *, smoke: bool, device: str = "auto", tim
     path = Path(path).resolve()
     out_dir.mkdir(parents=True, exist_ok=True)
     out_nb = out_dir / path.name
+    out_nb.unlink(missing_ok=True)  # never report figures from a previous run
+    stale_html = out_nb.with_suffix(".html")
+    stale_html.unlink(missing_ok=True)
     nb = nbformat.read(path, as_version=4)
     title = notebook_title(nb)
     cell = nbformat.v4.new_code_cell(_RESULTS_CELL)

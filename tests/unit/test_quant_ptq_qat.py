@@ -1,6 +1,7 @@
 """PTQ (RTN, GPTQ, static activation scales), QAT with a straight-through estimator, perplexity, KV precision."""
 from __future__ import annotations
 
+import copy
 import math
 
 import pytest
@@ -94,14 +95,18 @@ def test_gptq_beats_round_to_nearest_on_correlated_inputs():
 
 
 def test_qat_loss_falls_and_beats_ptq_on_training_batches(tiny):
-    model, _ = tiny
+    model = copy.deepcopy(tiny[0])
+    with torch.no_grad():  # std 0.02 -> 0.08: a random model with non-trivial predictions to distil
+        for name, p in model.named_parameters():
+            if p.dim() == 2 and "embed" not in name:
+                p.mul_(4)
     train = torch.randint(0, 3000, (8, 24), generator=torch.Generator().manual_seed(3))
     cfg = QuantConfig("int2", "channel")  # coarse enough that rounding error dominates
-    res = qat(model, cfg, train, steps=30, lr=3e-3, batch_size=4, seed=0)
+    res = qat(model, cfg, train, steps=30, lr=1e-3, batch_size=4, seed=0)
     first, last = sum(res.losses[:5]) / 5, sum(res.losses[-5:]) / 5
     assert last < 0.7 * first, f"QAT loss did not fall: {first:.4f} -> {last:.4f}"
     rtn = ptq(model, cfg)
-    assert kd_loss(res.model, model, train) < kd_loss(rtn, model, train)
+    assert kd_loss(res.model, model, train) < 0.6 * kd_loss(rtn, model, train)
     assert not any(isinstance(m, FakeQuantLinear) for m in res.model.modules())
     w = res.model.model.layers[0].self_attn.q_proj.weight
     assert torch.equal(w, fake_quant_int(w, 2, True, "channel")), "QAT output is not on the quantization grid"

@@ -164,7 +164,7 @@ def test_strategies_build_what_they_promise(corpus):
     sess = build_queries(msgs, "session", replies, window=2)
     assert [q.text for q in last] == msgs
     assert full[2].text.startswith(msgs[0]) and corpus["Marie Curie"].lead() in full[2].text and full[2].text.endswith(msgs[2])
-    assert sess[2].text.startswith("Marie Curie 1898") and msgs[1] in sess[2].text and msgs[0] not in sess[2].text
+    assert sess[2].text.startswith("Maria Salomea Skłodowska Curie Marie Curie 1898") and msgs[1] in sess[2].text and msgs[0] not in sess[2].text
     assert sess[2].text.lower().count("marie") == 1  # the goal does not repeat the entity
     with pytest.raises(ValueError, match="strategy 'all' is not one of last, full, session"):
         build_queries(msgs, "all")
@@ -279,7 +279,7 @@ def test_cli_reports_bad_files(tmp_path, capsys):
 def test_assistant_replies_put_their_subject_in_focus(corpus):
     reply = assistant_reply(["Caffeine"], corpus)
     assert reply.startswith("Caffeine") and reply_subjects(reply) == ["Caffeine"]
-    assert reply_subjects("Diego María de la Concepción Juan Rivera was a painter. He married Frida Kahlo.") == ["Diego María"]
+    assert reply_subjects("Diego María de la Concepción Juan Rivera was a painter. He married Frida Kahlo.") == ["Diego María", "Frida Kahlo"]
     msgs = ["Where does coffee come from?", "Which chemical in it keeps people awake?", "What other drink also contains it?"]
     replies = [assistant_reply(["Coffee"], corpus), reply, ""]
     with_replies = run_session(msgs, replies=replies)

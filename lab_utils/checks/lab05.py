@@ -1,0 +1,163 @@
+"""Checks for lab 05's exercises: encode a float to FP8 E4M3 by hand; per-channel symmetric INT8 and back.
+
+Each check runs the learner's function on fresh random inputs (plus the edge cases that matter: ties,
+subnormals, overflow, signed zero), compares with `lab_utils.quant.formats`, and on a mismatch raises
+AssertionError saying which input, what was expected, what came back, and (when recognisable) which rule was
+missed. It never shows the reference code.
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import torch
+
+from lab_utils.quant.formats import FP8_E4M3, quantize_int
+
+E4M3 = FP8_E4M3
+
+
+# --- exercise 1: float -> E4M3 bits ----------------------------------------------------------------------------
+def _describe(bits) -> str:
+    if not isinstance(bits, int) or not 0 <= bits <= 255:
+        return repr(bits)
+    return f"0x{bits:02X} = {E4M3.explain(bits)}"
+
+
+def _e4m3_cases(gen: torch.Generator) -> list[float]:
+    fixed = [0.0, -0.0, 1.0, -1.0, 1.25, 448.0, -448.0, 1000.0, -1e6, 464.0, 470.0, math.inf, 2**-9, -(2**-9),
+             2**-10, 3 * 2**-11, 2**-6, 2**-6 - 2**-10, 1 + 2**-4, 1 + 3 * 2**-4, 0.1, 3.14159, -2.71828]
+    vals = E4M3.all_values()
+    vals = vals[vals < E4M3.max_value]
+    rnd = []
+    i = torch.randint(0, vals.numel() - 1, (40,), generator=gen)
+    rnd += ((vals[i] + vals[i + 1]) / 2).tolist()  # exact ties
+    rnd += torch.exp2(torch.empty(80).uniform_(-12, 9.5, generator=gen)).tolist()  # every binade, subnormals, overflow
+    signs = torch.where(torch.rand(len(rnd), generator=gen) < 0.5, -1.0, 1.0).tolist()
+    return fixed + [s * v for s, v in zip(signs, rnd)]
+
+
+def _e4m3_diagnosis(x: float, got, expected: int) -> str:
+    if not isinstance(got, int) or isinstance(got, bool):
+        return f"return a Python int bit pattern (0..255), not {type(got).__name__}"
+    if not 0 <= got <= 255:
+        return "the result must fit in 8 bits (0..255)"
+    if math.isnan(x):
+        return ""
+    a = abs(x)
+    gv, ev = E4M3.decode(got), E4M3.decode(expected)
+    if (got >> 7) != (expected >> 7) and abs(gv) == abs(ev):
+        return "the sign bit is wrong (bit 7 holds the sign, also for -0.0)"
+    if a > E4M3.max_value or math.isinf(a):
+        return f"{x!r} is beyond E4M3's largest finite value 448: saturate to ±448 (E4M3 has no infinity)"
+    if math.isnan(gv):
+        return "you produced the NaN pattern S.1111.111; E4M3's largest finite value is S.1111.110 = 448"
+    lo = max(v for v in E4M3.all_values().tolist() if v <= a)
+    hi = min([v for v in E4M3.all_values().tolist() if v >= a] or [E4M3.max_value])
+    if lo < a < hi and a - lo == hi - a and abs(gv) in (lo, hi):
+        return (f"{x!r} lies exactly halfway between {lo!r} and {hi!r}; round-to-nearest-even picks the one whose "
+                f"mantissa field is even")
+    if lo < a < hi and abs(gv) == lo and (a - lo) > (hi - a):
+        return f"you rounded toward zero (truncated); {x!r} is nearer to {hi!r} than to {lo!r}"
+    if lo < a < hi and abs(gv) == hi and (a - lo) < (hi - a):
+        return f"you rounded away from zero; {x!r} is nearer to {lo!r} than to {hi!r}"
+    if a < E4M3.min_normal and abs(gv) != abs(ev):
+        return (f"{x!r} is below the smallest normal value 2^-6 = {E4M3.min_normal}: it is subnormal (exponent field "
+                f"0, no implicit leading 1, steps of 2^-9)")
+    return ""
+
+
+def check_encode_e4m3(fn: Callable[[float], int], seed: int | None = None) -> None:
+    """`fn(x: float) -> int`: the E4M3 bit pattern of `x`, round to nearest even, saturating at ±448."""
+    gen = torch.Generator().manual_seed(seed if seed is not None else int(torch.randint(0, 2**31, ()).item()))
+    cases = _e4m3_cases(gen)
+    for x in cases:
+        expected = E4M3.encode(x, saturate=True)
+        got = fn(x)
+        if isinstance(got, int) and not isinstance(got, bool) and got == expected:
+            continue
+        raise AssertionError(
+            f"encode_e4m3({x!r}) returned {_describe(got)}\n   expected {_describe(expected)}"
+            + (f"\n   hint: {d}" if (d := _e4m3_diagnosis(x, got, expected)) else "")
+        )
+    got = fn(math.nan)
+    if not (isinstance(got, int) and 0 <= got <= 255 and E4M3.is_nan_bits(got)):
+        raise AssertionError(f"encode_e4m3(nan) returned {_describe(got)}; NaN must encode as S.1111.111 (0x7F or 0xFF)")
+    print(f"check_encode_e4m3 passed: {len(cases) + 1} values (ties, subnormals, overflow, signs) encode bit-exactly")
+
+
+# --- exercise 2: per-channel symmetric INT8 and back -------------------------------------------------------------
+def _weights(gen: torch.Generator) -> torch.Tensor:
+    out_f, in_f = int(torch.randint(5, 24, (), generator=gen)), int(torch.randint(8, 70, (), generator=gen))
+    w = torch.randn(out_f, in_f, generator=gen) * torch.exp(2 * torch.randn(out_f, 1, generator=gen))  # uneven rows
+    w[1] = 0.0  # an all-zero row: the scale must not become 0 or NaN
+    w[2, 3] = w[2].abs().max() * 1.0 + 1.0  # a positive row maximum ...
+    w[3, 0] = -(w[3].abs().max() + 1.0)  # ... and a negative one
+    return w
+
+
+def check_int8_per_channel(quantize_fn: Callable, dequantize_fn: Callable, seed: int | None = None) -> None:
+    """`quantize_fn(w [out, in]) -> (q int8 [out, in], scale [out, 1])` (symmetric, ±127, one scale per row);
+    `dequantize_fn(q, scale) -> w_hat` float32."""
+    gen = torch.Generator().manual_seed(seed if seed is not None else int(torch.randint(0, 2**31, ()).item()))
+    for trial in range(3):
+        w = _weights(gen)
+        ref = quantize_int(w, bits=8, symmetric=True, granularity="channel", axis=0)
+        out = quantize_fn(w.clone())
+        if not (isinstance(out, tuple) and len(out) == 2):
+            raise AssertionError(f"quantize_fn should return a tuple (q, scale), got {type(out).__name__}")
+        q, scale = out
+        for name, t in (("q", q), ("scale", scale)):
+            if not isinstance(t, torch.Tensor):
+                raise AssertionError(f"{name} should be a torch.Tensor, got {type(t).__name__}")
+        if q.shape != w.shape:
+            raise AssertionError(f"q has shape {tuple(q.shape)} but the weight is {tuple(w.shape)}: one integer per weight")
+        if q.dtype != torch.int8:
+            raise AssertionError(f"q has dtype {q.dtype}; store the integers as torch.int8 (1 byte each)")
+        if scale.shape != (w.shape[0], 1):
+            what = ("one scale for the whole tensor (per-tensor)" if scale.numel() == 1 else
+                    "one scale per input column" if scale.numel() == w.shape[1] and w.shape[1] != w.shape[0] else
+                    f"shape {tuple(scale.shape)}")
+            raise AssertionError(f"scale has shape {tuple(scale.shape)} ({what}); per-channel means one scale per output "
+                                 f"row, shape [out, 1] = {(w.shape[0], 1)}, so it broadcasts over the row")
+        scale = scale.float()
+        if not torch.isfinite(scale).all() or (scale <= 0).any():
+            r = int((~torch.isfinite(scale) | (scale <= 0)).nonzero()[0, 0])
+            raise AssertionError(f"scale[{r}] = {scale[r].item()}: row {r} is all zeros and the scale must stay positive "
+                                 f"and finite (any positive value works when there is nothing to represent)")
+        nz = ref.scale.squeeze(1) != 1.0
+        bad = nz & ~torch.isclose(scale.squeeze(1), ref.scale.squeeze(1), rtol=1e-5, atol=0)
+        if bad.any():
+            r = int(bad.nonzero()[0, 0])
+            ratio = (ref.scale[r] / scale[r]).item()
+            hint = (" (it looks like you divided by 128 or 255; the symmetric INT8 range is ±127)" if
+                    abs(ratio - 128 / 127) < 1e-3 or abs(ratio - 255 / 127) < 1e-3 else
+                    " (it looks like you used the largest value, not the largest |value|: negative weights count)"
+                    if w[r].max() < w[r].abs().max() else "")
+            raise AssertionError(f"scale of row {r}: expected {ref.scale[r].item():.6g}, got {scale[r].item():.6g}{hint}")
+        if int(q.min()) < -127:
+            raise AssertionError(f"q contains {int(q.min())}; symmetric INT8 uses -127..127 so the grid is symmetric")
+        wrong = q != ref.q
+        if wrong.any():
+            r, c = (int(i) for i in wrong.nonzero()[0])
+            x = (w[r, c] / ref.scale[r, 0]).item()
+            hint = (" (round to nearest, not toward zero: int() / .to(int8) truncate)" if int(q[r, c]) == math.trunc(x)
+                    else "")
+            raise AssertionError(f"q[{r}, {c}] = {int(q[r, c])} but w/scale = {x:.4f} should round to {int(ref.q[r, c])}{hint}")
+        w_hat = dequantize_fn(ref.q.clone(), ref.scale.clone())
+        if not isinstance(w_hat, torch.Tensor) or w_hat.shape != w.shape:
+            raise AssertionError(f"dequantize_fn should return a tensor of shape {tuple(w.shape)}, got "
+                                 f"{tuple(w_hat.shape) if isinstance(w_hat, torch.Tensor) else type(w_hat).__name__}")
+        if w_hat.dtype != torch.float32:
+            raise AssertionError(f"dequantize_fn returned dtype {w_hat.dtype}; return float32 values")
+        expected = ref.dequantize()
+        wrong = ~torch.isclose(w_hat, expected, rtol=1e-6, atol=1e-12)
+        if wrong.any():
+            r, c = (int(i) for i in wrong.nonzero()[0])
+            raise AssertionError(f"dequantize: element [{r}, {c}] is {w_hat[r, c].item():.6g}, expected "
+                                 f"{expected[r, c].item():.6g} (q = {int(ref.q[r, c])}, scale = {ref.scale[r, 0].item():.6g})")
+        err = (w - w_hat).abs()
+        if (err > ref.scale / 2 * (1 + 1e-5) + 1e-12).any():  # holds when the above passed; kept as the stated bound
+            raise AssertionError("round trip error exceeds scale/2 somewhere")
+    print("check_int8_per_channel passed: scales, int8 values and the round trip match on 3 random weights; "
+          "every |w - w_hat| <= scale/2")

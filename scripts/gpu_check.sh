@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# The GPU check for a lent machine (one H200): every lab with DEVICE=cuda, then decode vs the bandwidth bound.
+# Prints a short table; results go to ${OUT:-out/gpu}. Without CUDA it says so and exits 0 (never a false pass).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT_DIR=${OUT:-out/gpu}
+mkdir -p "$OUT_DIR"
+PY=${PY:-python3}
+if ! nvidia-smi -L >/dev/null 2>&1 || ! $PY -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"; then
+  echo "skipped: needs CUDA"
+  exit 0
+fi
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$OUT_DIR/gpu.txt"
+export HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1
+$PY -m lab_utils prepare
+# 1) decode step vs the memory-bandwidth bound, and throughput at large batch
+timeout 240 $PY benchmarks/decode_bound.py --device cuda --models smollm2-135m llama-3.2-1b-random \
+  --batches 1 64 128 256 --json "$OUT_DIR/decode_bound.json"
+# 2) the labs on the GPU (SMOKE sizes keep this inside the lease)
+timeout 300 $PY -m lab_utils run-labs --smoke --device cuda --out "$OUT_DIR/labs"
+echo "results in $OUT_DIR"
