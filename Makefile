@@ -53,9 +53,9 @@ setup: $(STAMP) $(VLLM_STAMP) prepare
 prepare: $(STAMP)
 	$(PY) -m lab_utils prepare
 
-LAB_ARGS ?= $(if $(filter 0,$(shell id -u)),--allow-root)
+ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--allow-root)
 lab: setup
-	$(VENV)/bin/jupyter lab labs/ $(LAB_ARGS)
+	$(VENV)/bin/jupyter lab labs/ $(ROOT_FLAG) $(LAB_ARGS)
 
 test-fast: $(STAMP)
 	$(PY) -m pytest -q -m "not notebooks and not slow" tests

@@ -405,7 +405,11 @@ def _run(args: argparse.Namespace) -> int:
     if args.update_syllabus:
         times = {r.lab: r.seconds for r in results if r.ok}
         syllabus = Path(args.labs_dir) / "README.md"
-        text, updated = update_syllabus(syllabus.read_text(encoding="utf-8"), times)
+        try:
+            text, updated = update_syllabus(syllabus.read_text(encoding="utf-8"), times)
+        except (OSError, ValueError) as exc:
+            print(f"syllabus not updated: {exc}", file=sys.stderr)
+            return 1
         if updated:
             syllabus.write_text(text, encoding="utf-8")
         print(f"syllabus: run time of {', '.join(updated) or 'no lab'} written to {syllabus}")

@@ -64,7 +64,15 @@ class HTTPBackend(Backend):
         return r.text
 
     def run(self, workload: Workload, warmup: bool = True) -> BenchRun:
-        return asyncio.run(self._run(workload, warmup))
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            return asyncio.run(self._run(workload, warmup))
+        # called from a running event loop (a Jupyter kernel): give the client its own loop in a worker thread
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(1) as pool:
+            return pool.submit(asyncio.run, self._run(workload, warmup)).result()
 
     def _body(self, w, max_tokens: int) -> dict:
         return {"model": self.served_model,

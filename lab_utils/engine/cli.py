@@ -47,9 +47,13 @@ def add_engine_args(parser: argparse.ArgumentParser, with_model: bool = True) ->
         g.add_argument(flag, **{"default": None, **kw})
 
 
+def _dest(flag: str) -> str:
+    return flag.lstrip("-").replace("-", "_")
+
+
 def engine_config_from_args(args: argparse.Namespace, **overrides) -> EngineConfig:
     """EngineConfig from the flags that were given (invalid values raise ValueError naming the field)."""
-    kw = {f: getattr(args, f) for _, f, _ in _ENGINE_FLAGS if getattr(args, f, None) is not None}
+    kw = {f: getattr(args, _dest(flag)) for flag, f, _ in _ENGINE_FLAGS if getattr(args, _dest(flag), None) is not None}
     kw.update({k: v for k, v in overrides.items() if v is not None})
     return EngineConfig(**kw)
 

@@ -128,6 +128,7 @@ def create_app(engine: LLMEngine, model_name: str, max_tokens_cap: int = 1024, a
                 choice = {"index": 0, "delta": {"content": delta}, "finish_reason": None}
             else:
                 choice = {"index": 0, "text": delta, "finish_reason": None}
+            choice["token_ids"] = out.new_token_ids  # as vLLM's return_token_ids: exact token accounting
             if out.finished:
                 choice["finish_reason"] = _finish(out.finish_reason)
             obj = "chat.completion.chunk" if kind == "chat" else "text_completion"

@@ -72,9 +72,18 @@ def test_static_batches_wait_for_their_longest_member(tiny):
     assert by_id["2"].first_scheduled_time < by_id["0"].finish_time
 
 
-def test_unknown_and_planned_backends():
-    with pytest.raises(ValueError, match="not available yet"):
-        make_backend("vllm")
+def test_backend_registry():
+    from lab_utils.bench import backends
+
+    backends.PLANNED["later"] = "a backend another issue adds"
+    try:
+        with pytest.raises(ValueError, match="not available yet"):
+            make_backend("later")
+        backends.register_backend("later", lambda **kw: kw)
+        assert make_backend("later", model="m") == {"model": "m"} and "later" not in backends.PLANNED
+    finally:
+        backends.BACKENDS.pop("later", None)
+        backends.PLANNED.pop("later", None)
     with pytest.raises(ValueError, match="must be one of"):
         make_backend("nope")
     with pytest.raises(ValueError, match="batch_size"):
