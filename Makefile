@@ -55,7 +55,7 @@ prepare: $(STAMP)
 
 ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--allow-root)
 lab: setup
-	$(VENV)/bin/jupyter lab labs/ $(ROOT_FLAG) $(LAB_ARGS)
+	$(VENV)/bin/jupyter lab --ServerApp.root_dir=labs $(ROOT_FLAG) $(LAB_ARGS)
 
 test-fast: $(STAMP)
 	$(PY) -m pytest -q -m "not notebooks and not slow" tests

@@ -38,7 +38,7 @@ def env_defaults(threads: int | None = None) -> dict[str, str]:
         "HF_HUB_OFFLINE": "1",
         "TRANSFORMERS_OFFLINE": "1",
         "TOKENIZERS_PARALLELISM": "false",
-        "VLLM_LOGGING_LEVEL": os.environ.get("VLLM_LOGGING_LEVEL", "WARNING"),
+        "VLLM_LOGGING_LEVEL": "ERROR",  # its CPU warnings (LD_PRELOAD, thread binding) would drown a notebook
     }
 
 

@@ -152,8 +152,11 @@ class LabBackend(Backend):
             elif i < len(pending):
                 _sleep_until(t0 + pending[i].arrival_time)
         end = max([r.finish_time for r in results.values() if r.finish_time is not None] or [now()])
+        cut = len(prefix)  # the step log, with the workload's request ids
+        log = [dict(s, requests=[(rid[cut:], n) for rid, n in s["requests"]], preempted=[r[cut:] for r in s["preempted"]])
+               for s in eng.step_log[first_step:]]
         return BenchRun(self.name, self.model_name, [results[w.request_id] for w in workload.requests], t0, end,
-                        self.describe(), eng.step_log[first_step:], eng.stats())
+                        self.describe(), log, eng.stats())
 
     @staticmethod
     def _result(out, prefix: str) -> RequestResult:

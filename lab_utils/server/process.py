@@ -1,6 +1,7 @@
 """The lab server as a child process (for notebooks, tests and benchmarks), stopped with its whole group."""
 from __future__ import annotations
 
+import atexit
 import os
 import signal
 import subprocess
@@ -41,6 +42,7 @@ class LabServer:
         self._log = open(self.log_path, "w")
         self.proc = subprocess.Popen(self.args, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True,
                                      env=dict(os.environ, HF_HUB_OFFLINE="1"))
+        atexit.register(self.stop)  # a notebook that fails half-way must not leave a server behind
         deadline = time.monotonic() + self.startup_timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:

@@ -42,7 +42,17 @@ def jupyter(tmp_path):
     work.mkdir()
     shutil.copy(LAB, work / LAB.name)
     port, token = _free_port(), secrets.token_hex(16)
+    # render every cell (JupyterLab 4 virtualises long notebooks, hiding off-screen cells from the page) and
+    # do not ask about news: user settings in a private folder
+    settings = tmp_path / "lab-settings"
+    (settings / "@jupyterlab" / "notebook-extension").mkdir(parents=True)
+    (settings / "@jupyterlab" / "notebook-extension" / "tracker.jupyterlab-settings").write_text(
+        json.dumps({"windowingMode": "none"}))
+    (settings / "@jupyterlab" / "apputils-extension").mkdir(parents=True)
+    (settings / "@jupyterlab" / "apputils-extension" / "notification.jupyterlab-settings").write_text(
+        json.dumps({"fetchNews": "false", "checkForUpdates": False}))
     env = dict(os.environ, LAB_SMOKE="1", LAB_INTERACTIVE="0", HF_HUB_OFFLINE="1",
+               JUPYTERLAB_SETTINGS_DIR=str(settings),
                JUPYTER_CONFIG_DIR=str(tmp_path / "jcfg"), JUPYTER_RUNTIME_DIR=str(tmp_path / "jrt"))
     proc = subprocess.Popen(
         [sys.executable, "-m", "jupyterlab", "--no-browser", f"--port={port}", "--ServerApp.ip=127.0.0.1",

@@ -7,8 +7,18 @@ import sys
 import nbformat
 import pytest
 
-from lab_utils.labs_runner import (RESULTS_MARK, RUNNER_TAG, LabResult, discover_labs, extract_results,
-                                   format_minutes, html_report, last_output_text, summary_table, update_syllabus)
+from lab_utils.labs_runner import (
+    RESULTS_MARK,
+    RUNNER_TAG,
+    LabResult,
+    discover_labs,
+    extract_results,
+    format_minutes,
+    html_report,
+    last_output_text,
+    summary_table,
+    update_syllabus,
+)
 from lab_utils.paths import REPO_ROOT
 
 V4 = nbformat.v4
@@ -29,7 +39,8 @@ def test_discover_labs_by_number_or_name(tmp_path):
 def _executed(results_line: str | None, outputs: list) -> nbformat.NotebookNode:
     nb = V4.new_notebook()
     last = V4.new_code_cell("x", outputs=outputs)
-    plot = V4.new_code_cell("fig.show()", outputs=[V4.new_output("display_data", {"application/vnd.plotly.v1+json": {}})])
+    plot = V4.new_code_cell("fig.show()",
+                            outputs=[V4.new_output("display_data", {"application/vnd.plotly.v1+json": {}})])
     cells = [last, plot]
     if results_line is not None:
         runner = V4.new_code_cell("...", outputs=[V4.new_output("stream", name="stdout", text=results_line)])

@@ -47,7 +47,8 @@ def synthetic_lab() -> nbformat.NotebookNode:
     ran.metadata["execution"] = {"iopub.status.busy": "2024-01-01"}
     two = V4.new_code_cell(
         "class Step:\n    def a(self):\n        ### BEGIN SOLUTION\n        # Hint: first\n        return 1\n"
-        "        ### END SOLUTION\n\n    def b(self):\n        ### BEGIN SOLUTION\n        return 2\n        ### END SOLUTION\n")
+        "        ### END SOLUTION\n\n    def b(self):\n        ### BEGIN SOLUTION\n        return 2\n"
+        "        ### END SOLUTION\n")
     top = V4.new_code_cell("### BEGIN SOLUTION\n# Hint: set N to the number of layers\nN = 30\n### END SOLUTION\n"
                            "print(N)")
     nb.cells = [V4.new_markdown_cell("# Lab 99\n### BEGIN SOLUTION in markdown is left alone"), params, ran,
