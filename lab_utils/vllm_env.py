@@ -55,7 +55,7 @@ def setup(threads: int | None = None) -> dict[str, str]:
 def _probe() -> tuple[bool, str]:
     setup()
     try:
-        import vllm  # noqa: F401  (the real import: torchvision & co. break it, a name check would not see that)
+        import vllm
         from vllm import LLM  # noqa: F401
     except Exception as exc:  # any failure means "not usable here"; the reason is shown to the user
         return False, f"vLLM cannot be imported here ({type(exc).__name__}: {exc}); install it with `make vllm`"
@@ -177,7 +177,7 @@ class VLLMServer:
         self.args += list(extra_args or [])
         self.proc = None
 
-    def start(self) -> "VLLMServer":
+    def start(self) -> VLLMServer:
         import subprocess
         import sys
         import time
@@ -238,7 +238,7 @@ class VLLMServer:
         if getattr(self, "_log", None):
             self._log.close()
 
-    def __enter__(self) -> "VLLMServer":
+    def __enter__(self) -> VLLMServer:
         return self.start()
 
     def __exit__(self, *exc) -> None:

@@ -180,7 +180,7 @@ class VLLMBackend(Backend):
 
 def _external_id(internal: str, prefix: str) -> str:
     """vLLM may append '-<8 random chars>' to the id it was given; map back to the workload's id."""
-    rid = internal[len(prefix):] if internal.startswith(prefix) else internal
+    rid = internal.removeprefix(prefix)
     return rid
 
 

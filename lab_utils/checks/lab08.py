@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 import numbers
 import random
-from typing import Callable
+from collections.abc import Callable
 
 from lab_utils.bench.metrics import RequestTimes, meets_slo
 

@@ -101,7 +101,7 @@ def extract_entities(message: str) -> list[str]:
     out: list[str] = []
     for m in re.finditer(_SPAN, message):
         span = _clean_span(m.group(0))
-        if span and span not in constrained and span.lower() not in NOT_ENTITIES:
+        if len(span) > 1 and span not in constrained and span.lower() not in NOT_ENTITIES:  # not "C" of "°C"
             out.append(span)
     return list(dict.fromkeys(out))
 
