@@ -35,6 +35,9 @@ def finalize(path: Path, keep_all: bool = False) -> None:
             cell.outputs, cell.execution_count = ran.outputs, ran.execution_count
         else:
             cell.outputs, cell.execution_count = [], None
+    # a kernelspec spares JupyterLab's "select a kernel" dialog and papermill's guess
+    src.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3 (ipykernel)", "language": "python"}
+    src.metadata.setdefault("language_info", {"name": "python"})
     nbformat.write(src, path)
     print(f"finalized {path}")
 

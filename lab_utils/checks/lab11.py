@@ -8,7 +8,7 @@ expected vs got, plus a diagnosis when the difference matches a known mistake. I
 from __future__ import annotations
 
 import random
-from typing import Callable
+from collections.abc import Callable
 
 from lab_utils.rag.session import MAX_ENTITIES, SessionState, update_state
 

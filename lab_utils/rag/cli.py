@@ -11,7 +11,11 @@ from lab_utils.rag.retrievers import RETRIEVERS
 
 
 def run(args: argparse.Namespace) -> int:
-    from lab_utils.rag.conversations import ConversationFormatError, UnknownTitlesError, load_conversations
+    from lab_utils.rag.conversations import (
+        ConversationFormatError,
+        UnknownTitlesError,
+        load_conversations,
+    )
     from lab_utils.rag.corpus import load_corpus
     from lab_utils.rag.evaluate import evaluate
     from lab_utils.rag.retrievers import build_retriever

@@ -8,9 +8,9 @@ so it would quietly cap recall.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable
 
 from lab_utils.paths import DATA_DIR
 from lab_utils.rag.corpus import Corpus

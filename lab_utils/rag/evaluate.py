@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from statistics import mean
-from typing import Callable, Sequence
 
 from lab_utils.rag.conversations import Conversation
 from lab_utils.rag.corpus import Corpus

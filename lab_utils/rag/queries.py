@@ -15,8 +15,8 @@ Tokens are counted with SmolLM2's tokenizer: the model a query rewriter or the a
 """
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Sequence
 
 from lab_utils.rag.corpus import Corpus
 from lab_utils.rag.session import SessionState, run_session, update_state

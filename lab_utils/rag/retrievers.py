@@ -11,8 +11,9 @@ import hashlib
 import importlib.util
 import os
 import re
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Protocol, Sequence
+from typing import Protocol
 
 import numpy as np
 

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass, field, replace
-from typing import Callable
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 
 MAX_ENTITIES = 3  # more than a few entities in focus turns the state back into a history
 
@@ -97,7 +97,7 @@ def extract_constraints(message: str) -> list[str]:
 
 def extract_entities(message: str) -> list[str]:
     """Capitalised spans ("Marie Curie", "Apollo 11", "Leonardo da Vinci") that are not constraints."""
-    constrained = {c[4:] if c.startswith("not ") else c for c in extract_constraints(message)}
+    constrained = {c.removeprefix("not ") for c in extract_constraints(message)}
     out: list[str] = []
     for m in re.finditer(_SPAN, message):
         span = _clean_span(m.group(0))
@@ -198,7 +198,7 @@ def llm_update(state: SessionState, message: str, generate: Callable[[str], str]
     rules = update_state(state, message)
     current = json.dumps({"entities": list(state.entities), "constraints": list(state.constraints), "goal": state.goal})
     reply = generate(LLM_PROMPT.format(state=current, message=message))
-    match = re.search(r"\{.*\}", reply, flags=re.S)
+    match = re.search(r"\{.*\}", reply, flags=re.DOTALL)
     try:
         data = json.loads(match.group(0)) if match else None
     except json.JSONDecodeError:

@@ -94,18 +94,16 @@ def _stop(proc: subprocess.Popen) -> None:
             continue
 
 
-def _accept_dialogs(page, rounds: int = 5) -> list[str]:
-    seen = []
-    for _ in range(rounds):
+def _accept_dialogs(page, quiet_s: float = 5.0, limit_s: float = 60.0) -> list[str]:
+    """Accept any dialog (e.g. "select a kernel": the default) until none has shown for `quiet_s` seconds."""
+    seen, start, last = [], time.time(), time.time()
+    while time.time() - last < quiet_s and time.time() - start < limit_s:
         dialog = page.locator(".jp-Dialog")
-        if dialog.count() == 0:
-            time.sleep(1)
-            if page.locator(".jp-Dialog").count() == 0:
-                break
-            continue
-        seen.append(dialog.first.inner_text()[:200])
-        page.locator(".jp-Dialog .jp-mod-accept").first.click()
-        time.sleep(1)
+        if dialog.count():
+            seen.append(dialog.first.inner_text()[:200])
+            page.locator(".jp-Dialog .jp-mod-accept").first.click()
+            last = time.time()
+        time.sleep(0.5)
     return seen
 
 

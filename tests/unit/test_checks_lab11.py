@@ -7,7 +7,12 @@ import pytest
 
 from lab_utils.checks import lab11
 from lab_utils.rag.session import (
-    SessionState, extract_constraints, extract_entities, goal_of, refers_back, update_state,
+    SessionState,
+    extract_constraints,
+    extract_entities,
+    goal_of,
+    refers_back,
+    update_state,
 )
 
 

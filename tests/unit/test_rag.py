@@ -12,10 +12,28 @@ import pytest
 
 from lab_utils.rag import conversations as cv
 from lab_utils.rag.corpus import Corpus, Doc, load_corpus
-from lab_utils.rag.evaluate import carries, constraint_completeness, evaluate, ndcg_at_k, recall_at_k
+from lab_utils.rag.evaluate import (
+    carries,
+    constraint_completeness,
+    evaluate,
+    ndcg_at_k,
+    recall_at_k,
+)
 from lab_utils.rag.queries import Query, TokenCounter, assistant_reply, build_queries
-from lab_utils.rag.retrievers import BM25Retriever, HybridRetriever, build_retriever, light_stem
-from lab_utils.rag.session import SessionState, llm_update, observe_reply, reply_subjects, run_session, update_state
+from lab_utils.rag.retrievers import (
+    BM25Retriever,
+    HybridRetriever,
+    build_retriever,
+    light_stem,
+)
+from lab_utils.rag.session import (
+    SessionState,
+    llm_update,
+    observe_reply,
+    reply_subjects,
+    run_session,
+    update_state,
+)
 
 
 @pytest.fixture(scope="module")
@@ -71,7 +89,7 @@ def test_shipped_conversations_meet_the_spec(convs, corpus):
     assert all(len(c.turns) >= 3 for c in convs)
     cv.check_titles(convs, corpus)  # every gold title exists (raises otherwise)
     followups = [t.user for c in convs for t in c.turns[1:]]
-    pronoun = re.compile(r"\b(he|she|it|its|they|them|their|his|her|that|there)\b", re.I)
+    pronoun = re.compile(r"\b(he|she|it|its|they|them|their|his|her|that|there)\b", re.IGNORECASE)
     assert sum(bool(pronoun.search(u)) for u in followups) >= len(followups) // 2
     with_constraints = [c for c in convs if any(t.constraints for t in c.turns)]
     assert len(with_constraints) >= 15
