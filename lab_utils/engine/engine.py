@@ -24,16 +24,21 @@ class LLMEngine:
                  dtype: torch.dtype | None = None, tokenizer=None) -> None:
         self.config = config = config or EngineConfig()
         self.device = resolve_device(device)
-        if isinstance(model, (str,)) or hasattr(model, "__fspath__"):
+        owned = isinstance(model, str) or hasattr(model, "__fspath__")
+        if owned:
             from lab_utils.models.loader import load_model
 
             model, tokenizer = load_model(str(model), device=self.device, dtype=dtype)
         elif isinstance(model, tuple):
             model, tokenizer = model
         if config.quantization is not None:
+            import copy
+
             from lab_utils.quant.linear import quantize_model
 
-            quantize_model(model, config.quantization)
+            # weight-only INT8/INT4 linears; a model passed in by the caller is copied, never changed under them
+            model, self.quantization_bytes_saved = quantize_model(model if owned else copy.deepcopy(model),
+                                                                  config.quantization)
         self.model, self.tokenizer = model, tokenizer
         mc = model.config
         self.max_model_len = min(config.max_model_len or mc.max_position_embeddings, mc.max_position_embeddings)

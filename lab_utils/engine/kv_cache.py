@@ -51,19 +51,24 @@ class KVCache:
             return x.clamp(-FP8_MAX, FP8_MAX).to(self.store_dtype), None
         return x.to(self.store_dtype), None
 
+    def _raw(self, t: torch.Tensor) -> torch.Tensor:
+        """fp8 tensors as bytes: CPU kernels for index_copy_/gather do not cover float8 (the bits are the same)."""
+        return t.view(torch.uint8) if t.dtype == torch.float8_e4m3fn else t
+
     def write(self, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         """k, v [N, Hkv, D] for the N tokens of this step go to their slots."""
         kq, ks = self._encode(k)
         vq, vs = self._encode(v)
-        self.k[layer].index_copy_(0, slots, kq)
-        self.v[layer].index_copy_(0, slots, vq)
+        self._raw(self.k[layer]).index_copy_(0, slots, self._raw(kq))
+        self._raw(self.v[layer]).index_copy_(0, slots, self._raw(vq))
         if self.quantized:
             self.k_scale[layer].index_copy_(0, slots, ks)
             self.v_scale[layer].index_copy_(0, slots, vs)
 
     def read(self, layer: int, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Gather K, V at `slots` (any shape S) -> [*S, Hkv, D] in the compute dtype."""
-        k, v = self.k[layer][slots], self.v[layer][slots]
+        k = self._raw(self.k[layer])[slots].view(self.store_dtype)
+        v = self._raw(self.v[layer])[slots].view(self.store_dtype)
         if self.quantized:
             k = k.float() * self.k_scale[layer][slots].unsqueeze(-1)
             v = v.float() * self.v_scale[layer][slots].unsqueeze(-1)
@@ -76,7 +81,7 @@ class KVCache:
 
     def copy_out(self, block_ids: list[int]) -> dict[str, torch.Tensor]:
         s = self._slots_of(block_ids)
-        saved = {"k": self.k[:, s].to("cpu"), "v": self.v[:, s].to("cpu")}
+        saved = {"k": self._raw(self.k)[:, s].to("cpu"), "v": self._raw(self.v)[:, s].to("cpu")}
         if self.quantized:
             saved.update(k_scale=self.k_scale[:, s].to("cpu"), v_scale=self.v_scale[:, s].to("cpu"))
         return saved
@@ -86,4 +91,4 @@ class KVCache:
         n = saved["k"].shape[1]
         s = s[:n]
         for name, t in saved.items():
-            getattr(self, name)[:, s] = t.to(self.k.device)
+            self._raw(getattr(self, name))[:, s] = t.to(self.k.device)

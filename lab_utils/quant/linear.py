@@ -16,7 +16,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from lab_utils.quant.formats import compute_qparams, pack_int4, qrange, quantize_int, unpack_int4
+from lab_utils.quant.formats import (
+    compute_qparams,
+    pack_int4,
+    qrange,
+    quantize_int,
+    unpack_int4,
+)
 
 METHODS = ("int8", "int4")
 
@@ -32,7 +38,7 @@ class Int8Linear(nn.Module):
         self.register_buffer("bias", torch.zeros(out_features) if bias else None)
 
     @classmethod
-    def from_linear(cls, linear: nn.Linear) -> "Int8Linear":
+    def from_linear(cls, linear: nn.Linear) -> Int8Linear:
         m = cls(linear.in_features, linear.out_features, linear.bias is not None)
         w = linear.weight.detach()
         qt = quantize_int(w, bits=8, symmetric=True, granularity="channel", axis=0)
@@ -69,7 +75,7 @@ class Int4Linear(nn.Module):
         self.register_buffer("bias", torch.zeros(out_features) if bias else None)
 
     @classmethod
-    def from_linear(cls, linear: nn.Linear, group_size: int = 64, symmetric: bool = True) -> "Int4Linear":
+    def from_linear(cls, linear: nn.Linear, group_size: int = 64, symmetric: bool = True) -> Int4Linear:
         m = cls(linear.in_features, linear.out_features, group_size, symmetric, linear.bias is not None)
         w = linear.weight.detach().float()
         scale, zp = compute_qparams(w, 4, symmetric, "group", group_size)
@@ -172,4 +178,4 @@ def bits_per_weight(method: str, group_size: int = 64, symmetric: bool = True, i
     raise ValueError(f"method={method!r}; allowed: {', '.join(METHODS)}")
 
 
-__all__ = ["Int8Linear", "Int4Linear", "quantize_model", "tensor_bytes", "linear_targets", "bits_per_weight", "qrange"]
+__all__ = ["Int4Linear", "Int8Linear", "bits_per_weight", "linear_targets", "qrange", "quantize_model", "tensor_bytes"]

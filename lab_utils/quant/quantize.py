@@ -29,7 +29,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from lab_utils.quant.formats import FLOAT_FORMATS, fake_quant_float, fake_quant_int, float_format, qrange
+from lab_utils.quant.formats import (
+    FLOAT_FORMATS,
+    fake_quant_float,
+    fake_quant_int,
+    float_format,
+    qrange,
+)
 from lab_utils.quant.linear import _set_module, linear_targets
 
 HELDOUT_PLAY = "the-tempest"
@@ -46,8 +52,9 @@ def shakespeare_plays() -> dict[str, str]:
     root = os.path.dirname(spec.origin)
     plays = {}
     for path in sorted(glob.glob(os.path.join(root, "plays", "*", "*.md"))):
-        text = open(path, encoding="utf-8").read()
-        text = re.sub(r"^#+ .*$", "", text, flags=re.M)  # act / scene headings
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+        text = re.sub(r"^#+ .*$", "", text, flags=re.MULTILINE)  # act / scene headings
         text = text.replace("**", "").replace("_", "")
         text = re.sub(r"[ \t]+\n", "\n", text)
         plays[os.path.splitext(os.path.basename(path))[0]] = re.sub(r"\n{3,}", "\n\n", text).strip()
@@ -131,7 +138,7 @@ class QuantConfig:
         act = f" A:{self.activation}" if self.activation else ""
         return f"{self.weight} {g}{sym}{act}" if self.weight not in ("fp16", "bf16") else self.weight + act
 
-    def validate(self) -> "QuantConfig":
+    def validate(self) -> QuantConfig:
         if self.weight is not None:
             if self.weight.startswith("int"):
                 qrange(self.weight_bits, self.symmetric)
@@ -406,6 +413,18 @@ def kd_loss(student: nn.Module, teacher: nn.Module, batches: torch.Tensor, batch
 
 
 __all__ = [
-    "QuantConfig", "FakeQuantLinear", "StaticQuantLinear", "fake_quant_weight", "ptq", "qat", "QATResult",
-    "gptq_quantize", "collect_inputs", "perplexity", "kd_loss", "shakespeare_plays", "corpus_tokens", "windows",
+    "FakeQuantLinear",
+    "QATResult",
+    "QuantConfig",
+    "StaticQuantLinear",
+    "collect_inputs",
+    "corpus_tokens",
+    "fake_quant_weight",
+    "gptq_quantize",
+    "kd_loss",
+    "perplexity",
+    "ptq",
+    "qat",
+    "shakespeare_plays",
+    "windows",
 ]

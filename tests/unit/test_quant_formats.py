@@ -7,8 +7,24 @@ import pytest
 import torch
 
 from lab_utils.quant.formats import (
-    BF16, FP16, FP32, FP8_E4M3, FP8_E5M2, compute_qparams, dequantize_int, fake_quant_float, fake_quant_int,
-    float_format, format_table, max_abs_error, mse, pack_int4, qrange, quantize_int, sqnr_db, unpack_int4,
+    BF16,
+    FP8_E4M3,
+    FP8_E5M2,
+    FP16,
+    FP32,
+    compute_qparams,
+    dequantize_int,
+    fake_quant_float,
+    fake_quant_int,
+    float_format,
+    format_table,
+    max_abs_error,
+    mse,
+    pack_int4,
+    qrange,
+    quantize_int,
+    sqnr_db,
+    unpack_int4,
 )
 
 TORCH_CHECKED = [FP16, BF16, FP8_E4M3, FP8_E5M2]

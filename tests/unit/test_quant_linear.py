@@ -6,7 +6,13 @@ import torch
 from torch import nn
 
 from lab_utils.quant.formats import fake_quant_int, unpack_int4
-from lab_utils.quant.linear import Int4Linear, Int8Linear, bits_per_weight, quantize_model, tensor_bytes
+from lab_utils.quant.linear import (
+    Int4Linear,
+    Int8Linear,
+    bits_per_weight,
+    quantize_model,
+    tensor_bytes,
+)
 from lab_utils.quant.quantize import QuantConfig, ptq
 
 

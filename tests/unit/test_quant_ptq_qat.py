@@ -11,10 +11,26 @@ from torch import nn
 
 from lab_utils.models.llama import dense_causal_attention
 from lab_utils.quant.formats import FP8_E4M3, fake_quant_int
-from lab_utils.quant.kv import kv_bytes_per_token, kv_quant_attention, quantize_kv, tokens_in_budget
+from lab_utils.quant.kv import (
+    kv_bytes_per_token,
+    kv_quant_attention,
+    quantize_kv,
+    tokens_in_budget,
+)
 from lab_utils.quant.quantize import (
-    FakeQuantLinear, QuantConfig, StaticQuantLinear, corpus_tokens, fake_quant_weight, gptq_quantize, kd_loss,
-    perplexity, ptq, qat, shakespeare_plays, windows, HELDOUT_PLAY,
+    HELDOUT_PLAY,
+    FakeQuantLinear,
+    QuantConfig,
+    StaticQuantLinear,
+    corpus_tokens,
+    fake_quant_weight,
+    gptq_quantize,
+    kd_loss,
+    perplexity,
+    ptq,
+    qat,
+    shakespeare_plays,
+    windows,
 )
 
 
