@@ -17,6 +17,7 @@ import os
 from functools import lru_cache
 
 from lab_utils.paths import REPO_ROOT
+from lab_utils.server.process import ServerProcess, cli_flags, free_port  # noqa: F401 (free_port re-exported)
 
 CACHE_ROOT = REPO_ROOT / ".cache"
 # vLLM's memory check misreads this kind of VM, so on CPU the KV pool is sized explicitly (DESIGN.md section 6)
@@ -136,110 +137,22 @@ def _vllm_kv_dtype(name: str) -> str:
 
 
 # ------------------------------------------------------------------------------------------ server
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class VLLMServer:
+class VLLMServer(ServerProcess):
     """vLLM's OpenAI-compatible server as a child process on 127.0.0.1, for tests and benchmarks:
 
         with VLLMServer(model_folder("smollm2-135m"), max_num_seqs=8) as srv:
             HTTPBackend(base_url=srv.base_url).run(workload)
 
     Started with `python -m vllm.entrypoints.openai.api_server` (the `vllm` console script fails with the CPU
-    package), in its own process group; `stop()` terminates the whole group and waits, so nothing is left
-    running. Startup is bounded by `startup_timeout_s`; the log goes to `log_path` and its tail is shown on failure.
+    package); flags use the lab's names (see `llm_kwargs`). Process handling is `ServerProcess`'s.
     """
+
+    name = "vllm_server"
 
     def __init__(self, model, port: int | None = None, startup_timeout_s: float = 600.0, log_path=None,
                  extra_args: list[str] | None = None, **flags) -> None:
-        import tempfile
-
         self.model = str(model)
-        self.port = port or free_port()
-        self.base_url = f"http://127.0.0.1:{self.port}"
-        self.startup_timeout_s = startup_timeout_s
-        self.log_path = log_path or tempfile.NamedTemporaryFile(prefix="vllm_server_", suffix=".log", delete=False).name
         kw = llm_kwargs(**flags)
         kw.pop("disable_log_stats", None)
-        self.args = ["--model", self.model, "--host", "127.0.0.1", "--port", str(self.port)]
-        for k, v in kw.items():
-            flag = "--" + k.replace("_", "-")
-            if isinstance(v, bool):
-                # vLLM's CLI takes --flag / --no-flag for booleans
-                self.args.append(flag if v else "--no-" + k.replace("_", "-"))
-            else:
-                self.args += [flag, str(v)]
-        self.args += list(extra_args or [])
-        self.proc = None
-
-    def start(self) -> VLLMServer:
-        import subprocess
-        import sys
-        import time
-
-        import httpx
-
-        env = dict(os.environ)
-        env.update({k: v for k, v in setup().items()})
-        self._log = open(self.log_path, "w")
-        self.proc = subprocess.Popen([sys.executable, "-m", "vllm.entrypoints.openai.api_server", *self.args],
-                                     stdout=self._log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-        deadline = time.monotonic() + self.startup_timeout_s
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                self.stop()
-                raise RuntimeError(f"vLLM server exited with code {self.proc.returncode}:\n{self.log_tail()}")
-            try:
-                if httpx.get(f"{self.base_url}/health", timeout=2.0).status_code == 200:
-                    return self
-            except httpx.HTTPError:
-                pass
-            time.sleep(1.0)
-        self.stop()
-        raise TimeoutError(f"vLLM server not healthy after {self.startup_timeout_s:.0f} s:\n{self.log_tail()}")
-
-    def log_tail(self, n: int = 30) -> str:
-        try:
-            with open(self.log_path, errors="replace") as f:
-                return "".join(f.readlines()[-n:])
-        except OSError:
-            return "(no log)"
-
-    def stop(self, grace_s: float = 15.0) -> None:
-        """SIGTERM to the server's process group, SIGKILL after `grace_s`; waits until it is gone."""
-        import signal
-        import subprocess
-
-        if self.proc is None:
-            return
-        if self.proc.poll() is None:
-            try:
-                os.killpg(self.proc.pid, signal.SIGTERM)
-                self.proc.wait(grace_s)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(10)
-            except ProcessLookupError:
-                pass
-        import time
-
-        deadline = time.monotonic() + 10.0
-        while time.monotonic() < deadline:  # children that outlived the leader (same group): kill, wait till reaped
-            try:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                break
-            time.sleep(0.2)
-        if getattr(self, "_log", None):
-            self._log.close()
-
-    def __enter__(self) -> VLLMServer:
-        return self.start()
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
+        args = ["vllm.entrypoints.openai.api_server", "--model", self.model, *cli_flags(kw), *(extra_args or [])]
+        super().__init__(args, port, startup_timeout_s, env=setup(), log_path=log_path)

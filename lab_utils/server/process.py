@@ -1,83 +1,123 @@
-"""The lab server as a child process (for notebooks, tests and benchmarks), stopped with its whole group."""
+"""OpenAI-compatible servers as child processes (the lab's and vLLM's), for notebooks, tests and benchmarks.
+
+Each runs in its own process group on 127.0.0.1; `start()` waits for `/health` within a time limit and shows
+the log's tail if it fails; `stop()` ends the whole group and waits, and runs at exit too, so a notebook that
+fails half-way leaves no server behind.
+"""
 from __future__ import annotations
 
 import atexit
 import os
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
 import time
 
-from lab_utils.vllm_env import free_port
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
-class LabServer:
-    """`with LabServer("smollm2-135m", max_num_seqs=32) as srv: ... srv.base_url ...`
+def cli_flags(flags: dict) -> list[str]:
+    """{"max_num_seqs": 8, "enable_prefix_caching": False} -> ["--max-num-seqs", "8", "--no-enable-prefix-caching"]."""
+    out: list[str] = []
+    for k, v in flags.items():
+        flag = "--" + k.replace("_", "-")
+        if isinstance(v, bool):
+            out.append(flag if v else "--no-" + k.replace("_", "-"))
+        elif v is not None:
+            out += [flag, str(v)]
+    return out
 
-    Engine flags are passed as keyword arguments with the engine's names (`max_num_seqs=32` ->
-    `--max-num-seqs 32`; booleans as `--flag` / `--no-flag`)."""
 
-    def __init__(self, model: str = "smollm2-135m", port: int | None = None, device: str = "auto",
-                 api_key: str | None = None, startup_timeout_s: float = 120.0, **engine_flags) -> None:
+class ServerProcess:
+    """A server started as `python -m <module> ... --host 127.0.0.1 --port P`, healthy when `/health` says 200."""
+
+    name = "server"
+
+    def __init__(self, module_args: list[str], port: int | None = None, startup_timeout_s: float = 120.0,
+                 env: dict[str, str] | None = None, log_path: str | None = None) -> None:
         self.port = port or free_port()
         self.base_url = f"http://127.0.0.1:{self.port}"
-        self.api_key, self.startup_timeout_s = api_key, startup_timeout_s
-        self.args = [sys.executable, "-m", "lab_utils", "serve", "--model", model, "--host", "127.0.0.1",
-                     "--port", str(self.port), "--device", device]
-        if api_key:
-            self.args += ["--api-key", api_key]
-        for k, v in engine_flags.items():
-            flag = "--" + k.replace("_", "-")
-            if isinstance(v, bool):
-                self.args.append(flag if v else "--no-" + k.replace("_", "-"))
-            else:
-                self.args += [flag, str(v)]
-        self.log_path = tempfile.NamedTemporaryFile(prefix="lab_server_", suffix=".log", delete=False).name
+        self.startup_timeout_s = startup_timeout_s
+        self.cmd = [sys.executable, "-m", *module_args, "--host", "127.0.0.1", "--port", str(self.port)]
+        self.env = dict(os.environ, **(env or {}))
+        self.log_path = log_path or tempfile.NamedTemporaryFile(prefix=f"{self.name}_", suffix=".log", delete=False).name
         self.proc: subprocess.Popen | None = None
+        self._log = None
 
-    def start(self) -> "LabServer":
+    def start(self) -> "ServerProcess":
         import httpx
 
         self._log = open(self.log_path, "w")
-        self.proc = subprocess.Popen(self.args, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True,
-                                     env=dict(os.environ, HF_HUB_OFFLINE="1"))
-        atexit.register(self.stop)  # a notebook that fails half-way must not leave a server behind
+        self.proc = subprocess.Popen(self.cmd, stdout=self._log, stderr=subprocess.STDOUT, env=self.env,
+                                     start_new_session=True)
+        atexit.register(self.stop)
         deadline = time.monotonic() + self.startup_timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"the lab server exited with code {self.proc.returncode}:\n{self.log_tail()}")
+                self.stop()
+                raise RuntimeError(f"{self.name} exited with code {self.proc.returncode}:\n{self.log_tail()}")
             try:
                 if httpx.get(f"{self.base_url}/health", timeout=2.0).status_code == 200:
                     return self
             except httpx.HTTPError:
                 pass
-            time.sleep(0.3)
+            time.sleep(0.5)
         self.stop()
-        raise RuntimeError(f"the lab server did not answer within {self.startup_timeout_s} s:\n{self.log_tail()}")
+        raise TimeoutError(f"{self.name} not healthy after {self.startup_timeout_s:.0f} s:\n{self.log_tail()}")
 
-    def log_tail(self, n: int = 3000) -> str:
+    def log_tail(self, n: int = 30) -> str:
         try:
-            return open(self.log_path).read()[-n:]
+            with open(self.log_path, errors="replace") as f:
+                return "".join(f.readlines()[-n:])
         except OSError:
-            return ""
+            return "(no log)"
 
-    def stop(self) -> None:
-        if self.proc is None or self.proc.poll() is not None:
+    def stop(self, grace_s: float = 15.0) -> None:
+        """SIGTERM to the process group, SIGKILL after `grace_s`, then wait until every member is gone."""
+        if self.proc is None:
             return
-        for sig, wait in ((signal.SIGTERM, 15), (signal.SIGKILL, 10)):
+        if self.proc.poll() is None:
             try:
-                os.killpg(self.proc.pid, sig)
-            except ProcessLookupError:
-                return
-            try:
-                self.proc.wait(timeout=wait)
-                return
+                os.killpg(self.proc.pid, signal.SIGTERM)
+                self.proc.wait(grace_s)
             except subprocess.TimeoutExpired:
-                continue
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(10)
+            except ProcessLookupError:
+                pass
+        deadline = time.monotonic() + 10.0
+        while time.monotonic() < deadline:  # children that outlived the leader (same group)
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                break
+            time.sleep(0.2)
+        if self._log:
+            self._log.close()
+            self._log = None
 
-    def __enter__(self) -> "LabServer":
+    def __enter__(self):
         return self.start()
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+class LabServer(ServerProcess):
+    """`python -m lab_utils serve`: `with LabServer("smollm2-135m", max_num_seqs=32) as srv: ... srv.base_url`.
+    Engine flags are keyword arguments with the engine's names (`max_num_seqs=32` -> `--max-num-seqs 32`)."""
+
+    name = "lab_server"
+
+    def __init__(self, model: str = "smollm2-135m", port: int | None = None, device: str = "auto",
+                 api_key: str | None = None, startup_timeout_s: float = 120.0, **engine_flags) -> None:
+        args = ["lab_utils", "serve", "--model", model, "--device", device, *cli_flags(engine_flags)]
+        if api_key:
+            args += ["--api-key", api_key]
+        super().__init__(args, port, startup_timeout_s, env={"HF_HUB_OFFLINE": "1"})

@@ -57,8 +57,8 @@ def test_llm_kwargs_uses_lab_flag_names():
 
 def test_server_args_spell_booleans_like_vllms_cli():
     srv = vllm_env.VLLMServer("/m", port=1234, enable_prefix_caching=False, enforce_eager=True, max_num_seqs=3)
-    a = srv.args
-    assert a[:6] == ["--model", "/m", "--host", "127.0.0.1", "--port", "1234"]
+    a = srv.cmd[srv.cmd.index("vllm.entrypoints.openai.api_server") + 1:]
+    assert a[:2] == ["--model", "/m"] and a[-4:] == ["--host", "127.0.0.1", "--port", "1234"]
     assert "--no-enable-prefix-caching" in a and "--enforce-eager" in a
     assert a[a.index("--max-num-seqs") + 1] == "3"
 
