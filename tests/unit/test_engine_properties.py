@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from lab_utils import EngineConfig, LLMEngine, SamplingParams
@@ -108,9 +108,13 @@ def test_chunked_prefill_at_any_budget_keeps_outputs(tiny):
 def test_prefix_caching_with_shared_prefixes_keeps_outputs(tiny):
     hits = []
 
+    system = list(range(1000, 1040))  # 10 full blocks of 4 tokens shared by every prompt
+    sure_hit = ([system + [7, 8, 9], system + [10, 11], system + [12]], [4, 4, 4])
+
     @SETTINGS
     @given(work=workloads(shared_prefix=True), caching=st.booleans(), budget=st.sampled_from([16, 32, 512]),
            max_num_seqs=st.sampled_from([1, 3, 8]))
+    @example(work=sure_hit, caching=True, budget=512, max_num_seqs=1)  # whatever hypothesis draws, one sure hit
     def prop(work, caching, budget, max_num_seqs):
         prompts, max_tokens = work
         ref = reference(tiny, prompts, max_tokens)
