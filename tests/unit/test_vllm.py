@@ -167,9 +167,11 @@ def vllm_server(folder):
 
 @pytest.mark.slow
 @pytest.mark.timeout(1200)
-def test_bench_cli_http_backend_against_vllm_server(tmp_path, vllm_server, vllm_backend):
-    """`bench --backend http` streams from a real vLLM server: TTFT/ITL measured on the client, same tokens as
-    vLLM in-process, and the server's own Prometheus counters saw every request."""
+def test_bench_cli_http_backend_against_vllm_server(tmp_path, vllm_server):
+    """`bench --backend http` streams from a real vLLM server: TTFT/ITL measured on the client, the same greedy
+    tokens as the lab engine (itself token-identical to vLLM in-process, test above), and the server's own
+    Prometheus counters saw every request. (No in-process vLLM here: the CLI test above created and closed a
+    second in-process engine, which tears down the distributed groups a surviving one would need.)"""
     import httpx
 
     from lab_utils.__main__ import main
@@ -186,11 +188,12 @@ def test_bench_cli_http_backend_against_vllm_server(tmp_path, vllm_server, vllm_
     from lab_utils.bench.workload import Workload
 
     wl = Workload.load(tmp_path / "wl.json")
-    offline = vllm_backend.run(wl, warmup=False)
+    from lab_utils.bench.backends import LabBackend
     from lab_utils.bench.backends_http import HTTPBackend
 
+    offline = LabBackend("smollm2-135m", device="cpu").run(wl, warmup=False)
     online = HTTPBackend(base_url=vllm_server.base_url).run(wl, warmup=False)
-    assert online.outputs() == offline.outputs()  # server and offline engine: identical greedy tokens
+    assert online.outputs() == offline.outputs()  # vLLM's server and the lab engine: identical greedy tokens
 
     text = httpx.get(f"{vllm_server.base_url}/metrics", timeout=10).text
     counts = [float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
