@@ -63,6 +63,8 @@ class LLMEngine:
         self.num_steps = 0
         self.num_finished = self.num_aborted = self.num_rejected = 0
         self.step_log: list[dict] = []  # per step: time, scheduled request ids and token counts (timelines)
+        # a long-running server turns this off: no step_log, and ended requests are forgotten once reported
+        self.keep_history = True
 
     # -- sizing -----------------------------------------------------------------------------------
     def _num_blocks(self) -> int:
@@ -179,12 +181,13 @@ class LLMEngine:
                 self.num_finished += 1
             outputs.append(self._output(req, finished=reason is not None, new=[tok]))
         self.num_steps += 1
-        self.step_log.append({
-            "step": self.num_steps, "start": t_start, "end": t,
-            "requests": [(r.request_id, n) for r, n in sched.scheduled],
-            "num_tokens": sched.num_tokens, "preempted": [r.request_id for r in sched.preempted],
-            "free_blocks": self.block_manager.num_free_blocks,
-        })
+        if self.keep_history:
+            self.step_log.append({
+                "step": self.num_steps, "start": t_start, "end": t,
+                "requests": [(r.request_id, n) for r, n in sched.scheduled],
+                "num_tokens": sched.num_tokens, "preempted": [r.request_id for r in sched.preempted],
+                "free_blocks": self.block_manager.num_free_blocks,
+            })
         return outputs
 
     def _stop_reason(self, req: Request, tok: int) -> str | None:
@@ -200,6 +203,8 @@ class LLMEngine:
         return None
 
     def _output(self, req: Request, finished: bool, new: list[int] | None = None) -> RequestOutput:
+        if finished and not self.keep_history:
+            self.requests.pop(req.request_id, None)
         text = ""
         if finished and self.tokenizer is not None:
             text = self.tokenizer.decode(req.output_token_ids, skip_special_tokens=True)

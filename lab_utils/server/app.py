@@ -53,6 +53,7 @@ class ChatRequest(_Common):
 
 def create_app(engine: LLMEngine, model_name: str, max_tokens_cap: int = 1024, api_key: str | None = None) -> FastAPI:
     app = FastAPI(title="LLM Serving Lab server")
+    engine.keep_history = False  # the server runs for days: no per-step timeline, no table of ended requests
     aengine = AsyncEngine(engine)
     metrics = ServerMetrics(engine)
     aengine.on_output = metrics.observe
