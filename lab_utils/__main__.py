@@ -30,13 +30,7 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
             # still list it in --help without importing its module
             sub.add_parser(name, help=f"(see `python -m lab_utils {name} --help`)")
             continue
-        try:
-            mod = importlib.import_module(module)
-        except ModuleNotFoundError as exc:
-            if exc.name and exc.name.startswith("lab_utils"):
-                continue  # command not built yet
-            raise
-        mod.register(sub)
+        importlib.import_module(module).register(sub)
     return parser
 
 

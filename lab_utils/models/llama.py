@@ -216,13 +216,13 @@ class LlamaForCausalLM(nn.Module):
         if input_ids.dim() != 2:
             raise ValueError(f"input_ids must be [batch, seq], got shape {tuple(input_ids.shape)}")
         if positions is None:
+            if input_ids.shape[1] > self.config.max_position_embeddings:
+                raise ValueError(
+                    f"sequence of {input_ids.shape[1]} tokens is longer than the model's context of "
+                    f"{self.config.max_position_embeddings} tokens; shorten the prompt"
+                )
             positions = torch.arange(input_ids.shape[1], device=input_ids.device).expand_as(input_ids)
-        max_pos = int(positions.max()) + 1 if positions.numel() else 0
-        if max_pos > self.config.max_position_embeddings:
-            raise ValueError(
-                f"sequence of {max_pos} tokens is longer than the model's context of "
-                f"{self.config.max_position_embeddings} tokens; shorten the prompt"
-            )
+        # callers that pass positions (the engine, the KV caches) bound them already: no host sync per forward
         x = self.model.embed_tokens(input_ids)
         cos, sin = self.model.rotary_emb(positions, x.dtype)
         for layer in self.model.layers:
