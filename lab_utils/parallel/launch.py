@@ -38,11 +38,22 @@ class ParallelResult:
     comm_calls: int
     tokens_per_s: float
     startup_s: float = 0.0  # spawn + rendezvous + model load, wall time seen by the caller
+    latency_per_call_s: float = 0.0  # one decode-sized message with both ranks ready (calibrated after the run)
     per_rank: list[dict] = field(default_factory=list)
 
     @property
     def bytes_per_step(self) -> float:
         return self.bytes_communicated / max(len(self.step_times_s), 1)
+
+    @property
+    def transfer_time_estimate_s(self) -> float:
+        """calls x calibrated latency: the part of `comm_time_s` spent moving data (the rest is waiting)."""
+        return min(self.comm_calls * self.latency_per_call_s, self.comm_time_s)
+
+    @property
+    def wait_time_estimate_s(self) -> float:
+        """Time in communication calls spent waiting for the other rank (imbalance, pipeline bubble, contention)."""
+        return self.comm_time_s - self.transfer_time_estimate_s
 
 
 def _rank_main(rank: int, world_size: int, port: int, backend: str, device: str, model: str,
@@ -84,7 +95,7 @@ def _result(mode, world, backend, device, ranks: list[RankResult], startup: floa
     n_tok = sum(len(t) for t in r0.token_ids)
     return ParallelResult(mode, world, backend, device, r0.token_ids, r0.total_time_s, r0.step_times_s,
                           r0.comm_time_s, r0.comm_time_s / fwd if fwd else 0.0, r0.bytes_communicated,
-                          r0.comm_calls, n_tok / r0.total_time_s if r0.total_time_s else 0.0, startup,
+                          r0.comm_calls, n_tok / r0.total_time_s if r0.total_time_s else 0.0, startup, r0.latency_per_call_s,
                           [dict(rank=r.rank, comm_time_s=r.comm_time_s, total_time_s=r.total_time_s,
                                 bytes_communicated=r.bytes_communicated, load_time_s=r.load_time_s) for r in ranks])
 

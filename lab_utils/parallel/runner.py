@@ -6,6 +6,7 @@ between stages). Prompts run one after another with batch 1 and a `SimpleKVCache
 """
 from __future__ import annotations
 
+import statistics
 import time
 from dataclasses import dataclass, field
 
@@ -29,6 +30,7 @@ class RankResult:
     bytes_communicated: int = 0
     comm_calls: int = 0
     load_time_s: float = 0.0
+    latency_per_call_s: float = 0.0  # one decode-sized message with both ranks ready (see `calibrate`)
 
 
 def _sync(device: torch.device) -> None:
@@ -98,4 +100,33 @@ def run_rank(model_name: str, prompts: list[list[int]], max_tokens: int, mode: s
         out.token_ids.append(gen)
     out.total_time_s = time.perf_counter() - t_start
     out.comm_time_s, out.bytes_communicated, out.comm_calls = comm.seconds, comm.bytes, comm.calls
+    if comm.world_size > 1:
+        out.latency_per_call_s = calibrate(comm, mode, cfg.hidden_size, model.dtype)
     return out
+
+
+def calibrate(comm: Comm, mode: str, hidden: int, dtype: torch.dtype, repeat: int = 30) -> float:
+    """Median seconds of one decode-sized message ([1, 1, hidden]) when both ranks are already waiting for it.
+
+    Time inside a collective during generation also holds the wait for the slower rank (load imbalance, the
+    other stage's compute in a pipeline, a core taken by another job); this is the transfer alone, so
+    `calls x latency` estimates the wire share and the rest of `comm_time_s` is waiting."""
+    import torch.distributed as dist
+
+    x = torch.zeros(1, 1, hidden, dtype=dtype, device=comm.device)
+    times = []
+    for _ in range(repeat):
+        dist.barrier()
+        _sync(comm.device)
+        t0 = time.perf_counter()
+        if mode == "tp":
+            dist.all_reduce(x)
+        elif comm.rank == 0:  # ping-pong between the first two stages; half a round trip
+            dist.send(x, 1)
+            dist.recv(x, 1)
+        elif comm.rank == 1:
+            dist.recv(x, 0)
+            dist.send(x, 0)
+        _sync(comm.device)
+        times.append((time.perf_counter() - t0) / (1 if mode == "tp" else 2))
+    return statistics.median(times)

@@ -46,6 +46,7 @@ def test_two_processes_equal_one(toy, single, mode):
     assert res.backend == "gloo" and res.world_size == 2
     assert len(res.step_times_s) == 8 * len(PROMPTS)
     assert 0 < res.comm_time_s < sum(res.step_times_s) and 0 < res.comm_share < 1
+    assert 0 < res.latency_per_call_s and 0 < res.transfer_time_estimate_s <= res.comm_time_s
     H, layers = 96, 3
     if mode == "tp":  # 2 all-reduces of [1, T, H] per layer per step
         tokens_in = sum(len(p) + 7 for p in PROMPTS)
