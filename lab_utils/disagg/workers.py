@@ -11,6 +11,7 @@ Both report to the router over their own pipe; a dead worker shows as EOF there.
 """
 from __future__ import annotations
 
+import multiprocessing
 import queue as queue_mod
 import time
 import traceback
@@ -63,6 +64,12 @@ def admit_prefilled(engine, meta: dict, kv: dict[str, torch.Tensor]) -> str:
     return req.request_id
 
 
+def _orphaned() -> bool:
+    """True once the router's process has gone (killed without closing us): then a worker exits by itself."""
+    parent = multiprocessing.parent_process()
+    return parent is not None and not parent.is_alive()
+
+
 def prefill_main(model, config, device, dtype, extra_eos, requests, to_router, kv_conn, threads) -> None:
     """Prefill worker: requests in from the router, KV out to the decode worker, notes back to the router."""
     torch.set_num_threads(threads)
@@ -78,6 +85,8 @@ def prefill_main(model, config, device, dtype, extra_eos, requests, to_router, k
                     msgs.append(requests.get_nowait())
             except queue_mod.Empty:
                 pass
+            if _orphaned():
+                return
             for msg in msgs:
                 if msg[0] == "stop":
                     return
@@ -129,6 +138,8 @@ def decode_main(model, config, device, dtype, extra_eos, control, to_router, kv_
                     return
             except queue_mod.Empty:
                 pass
+            if _orphaned():
+                return
             busy = engine.has_unfinished()
             # take every transfer that has arrived; when idle, wait (briefly, to keep watching `control`)
             while prefill_alive and receiver.poll(0.0 if busy else 0.05):
