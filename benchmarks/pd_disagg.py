@@ -1,6 +1,6 @@
 """TTFT and ITL under a mixed workload: colocated vs colocated with chunked prefill vs P/D disaggregated.
 
-    python benchmarks/pd_disagg.py --model smollm2-135m --rounds 1
+    python benchmarks/pd_disagg.py --model smollm2-135m   # defaults: the run in docs/RESULTS.md
 
 Workload: short requests (chat turns) decode while long prompts (documents) arrive. Colocated without chunking,
 a long prefill runs as one step and every running decode waits for it (an ITL spike); chunked prefill caps a
@@ -51,18 +51,26 @@ def metrics_of(outs, kinds) -> dict:
     return {k: {x: v[x] for x in keep} for k, v in res.items()}
 
 
+def median_over_rounds(results: dict[str, list]) -> dict:
+    """Per system, class and metric: the median over rounds (the machine is shared, so rounds differ)."""
+    import statistics
+
+    return {s: {k: {m: statistics.median(r[k][m] for r in runs) for m in runs[0][k]} for k in runs[0]}
+            for s, runs in results.items() if runs}
+
+
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="smollm2-135m")
-    ap.add_argument("--rounds", type=int, default=1)
-    ap.add_argument("--n-short", type=int, default=6)
-    ap.add_argument("--n-long", type=int, default=3)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--n-short", type=int, default=4)
+    ap.add_argument("--n-long", type=int, default=2)
     ap.add_argument("--short-len", type=int, default=32)
-    ap.add_argument("--long-len", type=int, default=768)
-    ap.add_argument("--short-out", type=int, default=64)
+    ap.add_argument("--long-len", type=int, default=256)
+    ap.add_argument("--short-out", type=int, default=32)
     ap.add_argument("--long-out", type=int, default=8)
-    ap.add_argument("--long-every", type=float, default=1.5)
-    ap.add_argument("--chunk", type=int, default=128)
+    ap.add_argument("--long-every", type=float, default=2.0)
+    ap.add_argument("--chunk", type=int, default=64)
     ap.add_argument("--json", default=None)
     a = ap.parse_args(argv)
     prompts, params, arrivals, kinds = workload(a.n_short, a.n_long, a.short_len, a.long_len, a.short_out,
@@ -98,7 +106,7 @@ def main(argv: list[str] | None = None) -> dict:
         workload=dict(n_short=a.n_short, n_long=a.n_long, short_len=a.short_len, long_len=a.long_len,
                       short_out=a.short_out, long_out=a.long_out, arrivals=arrivals, kinds=kinds),
         outputs_identical={s: tokens[s] == tokens["colocated"] for s in systems},
-        results=results, transfer_stats=transfer,
+        median=median_over_rounds(results), results=results, transfer_stats=transfer,
         note="disaggregated = 2 worker processes x 1 thread; colocated = 1 process x 1 thread; "
              "ITL/TTFT in ms from lab_utils.bench.metrics.summarize",
     )

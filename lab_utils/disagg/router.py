@@ -138,7 +138,7 @@ class DisaggregatedCluster:
         self._healthy = False
 
     # -- lifecycle --------------------------------------------------------------------------------
-    def __enter__(self) -> "DisaggregatedCluster":
+    def __enter__(self) -> DisaggregatedCluster:
         self.start()
         return self
 

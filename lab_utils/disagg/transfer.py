@@ -5,8 +5,8 @@ A transfer is one message on a pipe (a Unix socket pair between the two processe
 a request is K and V for every layer and prompt token: 2 x layers x tokens x kv_heads x head_dim x dtype bytes
 (SmolLM2-135M in fp32: 46 KB per token, so a 500-token prompt ships 23 MB).
 
-The receiver reads only between decode steps, so a sender can wait for it (back-pressure): `send_s` includes
-that wait, `recv_s` is the pure read on the decode side.
+The decode worker reads on its own thread, while its engine steps; `send_s` (the prefill side's write) still
+includes any wait for that reader (back-pressure), `recv_s` is the read on the decode side.
 """
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ class TransferRecord:
     num_tokens: int
     bytes: int = 0
     serialize_s: float = 0.0  # prefill side: KV out of the paged cache + packing
-    send_s: float = 0.0  # prefill side: writing to the pipe (includes waiting for the decode side to read)
+    send_s: float = 0.0  # prefill side: writing to the pipe (includes any wait for the decode side's reader)
     recv_s: float = 0.0  # decode side: reading the message
     load_s: float = 0.0  # decode side: unpacking (the copy into the paged cache happens at admission)
     sent_at: float = 0.0  # monotonic clock, shared by all processes of the machine
@@ -52,7 +52,7 @@ def pack(meta: dict, tensors: dict[str, torch.Tensor]) -> bytearray:
     off = _LEN.size
     buf[off:off + len(header)] = header
     off += len(header)
-    for k, r in raws.items():
+    for r in raws.values():
         n = r.numel()
         buf[off:off + n] = r.numpy().tobytes() if n else b""
         off += n

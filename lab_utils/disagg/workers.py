@@ -3,7 +3,8 @@
 - Prefill worker: an `LLMEngine` that only ever runs prompts. When a request has its first token, its prompt KV
   is copied out of the paged cache, shipped to the decode worker (`transfer.py`) and the request is dropped
   here. A request that ends with its first token (EOS, max_tokens=1) is answered directly.
-- Decode worker: an `LLMEngine` doing continuous batching of decodes. A request arrives with its KV, its first
+- Decode worker: an `LLMEngine` doing continuous batching of decodes, with a reader thread that takes transfers
+  off the channel while the engine steps. A request arrives with its KV, its first
   token and its timestamps; to the engine it is exactly a swapped-out request coming back (status SWAPPED,
   `swapped_kv` = the transferred KV): the scheduler admits it when blocks are free and swap-in copies the KV
   into the paged cache. So the engine needs no change to accept KV computed elsewhere.
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import multiprocessing
 import queue as queue_mod
+import threading
 import time
 import traceback
 
@@ -123,15 +125,27 @@ def prefill_main(model, config, device, dtype, extra_eos, requests, to_router, k
             pass
 
 
+def _receive_kv(receiver: KVReceiver, inbox: queue_mod.Queue) -> None:
+    """Decode worker's reader thread: drains the KV channel while the engine steps (the socket read releases the
+    GIL), so a transfer never waits for a decode step and the prefill worker is never blocked on it."""
+    while True:
+        try:
+            meta, kv, recv_s, load_s = receiver.recv()
+        except (EOFError, OSError):
+            inbox.put(None)  # the prefill side has gone
+            return
+        inbox.put((meta, kv, dict(recv_s=recv_s, load_s=load_s, received_at=now())))
+
+
 def decode_main(model, config, device, dtype, extra_eos, control, to_router, kv_conn, threads) -> None:
     """Decode worker: KV in from the prefill worker, continuous batching of decodes, finished outputs out."""
     torch.set_num_threads(threads)
     try:
         engine = build_engine(model, config, device, dtype, extra_eos)
-        receiver = KVReceiver(kv_conn)
+        inbox: queue_mod.Queue = queue_mod.Queue()
+        threading.Thread(target=_receive_kv, args=(KVReceiver(kv_conn), inbox), daemon=True).start()
         records: dict[str, dict] = {}
         to_router.send(("ready", "decode"))
-        prefill_alive = True
         while True:
             try:
                 if control.get_nowait()[0] == "stop":
@@ -141,18 +155,17 @@ def decode_main(model, config, device, dtype, extra_eos, control, to_router, kv_
             if _orphaned():
                 return
             busy = engine.has_unfinished()
-            # take every transfer that has arrived; when idle, wait (briefly, to keep watching `control`)
-            while prefill_alive and receiver.poll(0.0 if busy else 0.05):
-                try:
-                    meta, kv, recv_s, load_s = receiver.recv()
-                except EOFError:
-                    prefill_alive = False
-                    break
-                admit_prefilled(engine, meta, kv)
-                records[meta["request_id"]] = dict(recv_s=recv_s, load_s=load_s, received_at=now())
-                busy = True
-            if not prefill_alive and not busy:
-                time.sleep(0.05)
+            try:  # admit every request whose KV has arrived; when idle, wait (briefly, to keep watching `control`)
+                item = inbox.get_nowait() if busy else inbox.get(timeout=0.05)
+                while True:
+                    if item is not None:
+                        meta, kv, rec = item
+                        admit_prefilled(engine, meta, kv)
+                        records[meta["request_id"]] = rec
+                        busy = True
+                    item = inbox.get_nowait()
+            except queue_mod.Empty:
+                pass
             if not busy:
                 continue
             for out in engine.step():
