@@ -4,5 +4,5 @@ this machine's effective speed against the real engine (`calibrate`)."""
 from lab_utils.sim.cost_model import ModelSpec, StepCost, allreduce_time, kv_capacity, model_spec, step_cost
 from lab_utils.sim.gpus import GPUS, Hardware, gpu
 
-__all__ = ["GPUS", "Hardware", "gpu", "ModelSpec", "StepCost", "allreduce_time", "kv_capacity", "model_spec",
+__all__ = ["GPUS", "Hardware", "ModelSpec", "StepCost", "allreduce_time", "gpu", "kv_capacity", "model_spec",
            "step_cost"]

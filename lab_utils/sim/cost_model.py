@@ -61,7 +61,7 @@ class ModelSpec:
         return 2 * self.num_layers * self.num_kv_heads * self.head_dim * b
 
     @classmethod
-    def from_config(cls, name: str, cfg, dtype_bytes: int = 2) -> "ModelSpec":
+    def from_config(cls, name: str, cfg, dtype_bytes: int = 2) -> ModelSpec:
         """From a Hugging Face / lab `LlamaConfig`-like object."""
         head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
         return cls(name, cfg.num_hidden_layers, cfg.hidden_size, cfg.num_attention_heads,
@@ -189,8 +189,8 @@ def kv_capacity(model: ModelSpec, hw: Hardware, num_gpus: int = 1, gpu_memory_ut
     usable = num_gpus * (hw.mem_bytes * gpu_memory_utilization - reserve_bytes)
     free = usable - model.weight_bytes
     tokens = max(0, int(free // model.kv_bytes_per_token))
-    return dict(fits=free > 0, weight_bytes=model.weight_bytes, usable_bytes=usable, kv_bytes=max(free, 0.0),
-                kv_tokens=tokens, kv_bytes_per_token=model.kv_bytes_per_token)
+    return {"fits": free > 0, "weight_bytes": model.weight_bytes, "usable_bytes": usable, "kv_bytes": max(free, 0.0),
+            "kv_tokens": tokens, "kv_bytes_per_token": model.kv_bytes_per_token}
 
 
 def max_concurrent_seqs(model: ModelSpec, hw: Hardware, seq_len: int, num_gpus: int = 1, block_size: int = 16,

@@ -46,7 +46,7 @@ class Hardware:
         """Arithmetic intensity where the roofline bends: below it a step is bound by memory bandwidth."""
         return self.peak_flops / self.mem_bw
 
-    def with_(self, **changes) -> "Hardware":
+    def with_(self, **changes) -> Hardware:
         return replace(self, **changes)
 
 
