@@ -264,7 +264,11 @@ def simulate_disaggregated(requests: Sequence[SimRequest], prefill: Sequence[Sim
                            kv_transfer_s: Callable[[int], float], kv_bytes: Callable[[int], float] | None = None
                            ) -> SimResult:
     """Prefill pool -> KV transfer -> decode pool. The prefill engine produces the first token (TTFT), frees its
-    blocks, and the decode engine admits the sequence with `num_computed_tokens = prompt` (its KV arrived)."""
+    blocks, and the decode engine admits the sequence with `num_computed_tokens = prompt` (its KV arrived).
+
+    Two simplifications, both in disaggregation's favour: transfers do not share the link (each gets the full
+    bandwidth), and the prefill side frees its blocks when the first token exists rather than when the KV has
+    left. A request the decode pool can never hold is rejected there and keeps only its first token."""
     _check(requests, prefill, "prefill")
     _check(requests, decode, "decode")
     clock = _Clock()
