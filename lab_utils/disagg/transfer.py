@@ -103,6 +103,7 @@ class KVReceiver:
 
     def recv(self) -> tuple[dict, dict[str, torch.Tensor], float, float]:
         """-> (meta, tensors, recv_s, load_s). Raises EOFError when the prefill side has gone."""
+        self.conn.poll(None)  # wait for a message to start arriving: idle time is not transfer time
         t0 = time.perf_counter()
         buf = self.conn.recv_bytes()
         t1 = time.perf_counter()
