@@ -8,7 +8,11 @@ processes with torch.distributed (gloo on CPU, NCCL on GPU).
 from lab_utils.parallel.comm import Comm, free_tcp_port, pick_backend
 from lab_utils.parallel.launch import ParallelResult, run_parallel, stop_processes
 from lab_utils.parallel.pipeline_parallel import PipelineStage
-from lab_utils.parallel.tensor_parallel import RowParallelLinear, shard_llama, split_sizes
+from lab_utils.parallel.tensor_parallel import (
+           RowParallelLinear,
+           shard_llama,
+           split_sizes,
+)
 
 __all__ = ["Comm", "ParallelResult", "PipelineStage", "RowParallelLinear", "free_tcp_port", "pick_backend",
            "run_parallel", "shard_llama", "split_sizes", "stop_processes"]

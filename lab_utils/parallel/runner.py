@@ -42,7 +42,12 @@ def load_weights_only(name: str, device: torch.device, dtype: torch.dtype):
     """`load_model` without the tokenizer: importing `transformers` costs a worker ~10 s of start-up on a busy
     machine, and ranks and engine workers only ever see token ids."""
     from lab_utils.models.llama import LlamaForCausalLM, rope_inv_freq
-    from lab_utils.models.loader import build_random, load_config, load_weights, model_folder
+    from lab_utils.models.loader import (
+        build_random,
+        load_config,
+        load_weights,
+        model_folder,
+    )
     from lab_utils.models.registry import lookup
 
     spec, _ = lookup(str(name))

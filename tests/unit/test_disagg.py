@@ -12,7 +12,14 @@ import pytest
 import torch
 
 from lab_utils import EngineConfig, LLMEngine, SamplingParams
-from lab_utils.disagg import DisaggregatedCluster, admit_prefilled, colocated_run, export_prompt_kv, pack, unpack
+from lab_utils.disagg import (
+    DisaggregatedCluster,
+    admit_prefilled,
+    colocated_run,
+    export_prompt_kv,
+    pack,
+    unpack,
+)
 from lab_utils.parallel.toy_model import TOY_CONFIG, write_toy_model
 
 CFG = EngineConfig(max_num_seqs=4, max_num_batched_tokens=64, block_size=4, num_gpu_blocks=128)
