@@ -10,6 +10,7 @@ workers: if one dies (killed, crashed), every request it held is either re-queue
 """
 from __future__ import annotations
 
+import itertools
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -25,6 +26,7 @@ from lab_utils.engine.sampling_params import SamplingParams
 from lab_utils.parallel.launch import stop_processes
 
 FAILURE_POLICIES = ("requeue", "fail")
+_RUNS = itertools.count()  # request ids of `colocated_run` stay unique when one engine serves several runs
 
 
 def load_tokenizer_for(model: str):
@@ -74,7 +76,8 @@ def colocated_run(model, engine_config: EngineConfig | None, prompts, params: Sa
             engine = LLMEngine(model, engine_config, device=device, dtype=DTYPES[dtype])
         reqs = _requests(engine.tokenizer, prompts, params, arrival_times)
         order = sorted(range(len(reqs)), key=lambda i: reqs[i][3])
-        ids = [f"c{i}" for i in range(len(reqs))]
+        run = next(_RUNS)
+        ids = [f"c{run}-{i}" for i in range(len(reqs))]
         done: dict[str, RequestOutput] = {}
         t0 = now()
         while len(done) < len(reqs):

@@ -136,3 +136,14 @@ def test_bad_arguments():
         DisaggregatedCluster("tiny-random", on_worker_failure="ignore")
     with pytest.raises(ValueError, match="dtype"):
         DisaggregatedCluster("tiny-random", dtype="int3")
+
+
+def test_colocated_run_can_reuse_one_engine(tiny64):
+    """Labs pass their own engine: two runs on it must not collide on request ids, and every block comes back."""
+    engine = LLMEngine(tiny64, EngineConfig(num_gpu_blocks=64), device="cpu")
+    params = SamplingParams(max_tokens=3, ignore_eos=True)
+    first = colocated_run(engine, None, [[1, 2, 3], [4, 5]], params, arrival_times=[0.0, 0.05])
+    second = colocated_run(engine, None, [[1, 2, 3], [4, 5]], params)
+    assert _ids(first) == _ids(second) and all(len(t) == 3 for t in _ids(first))
+    assert first[1].metrics.arrival_time - first[0].metrics.arrival_time == pytest.approx(0.05, abs=1e-6)
+    engine.block_manager.check_all_free()
