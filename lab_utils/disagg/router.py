@@ -1,0 +1,347 @@
+"""The router of a disaggregated deployment, and the colocated baseline it is compared with.
+
+`DisaggregatedCluster` starts a prefill worker and a decode worker (spawned processes, see `workers.py`), sends
+each request to the prefill worker when it arrives, and collects finished requests from both. It watches the
+workers: if one dies (killed, crashed), every request it held is either re-queued on fresh workers
+(`on_worker_failure="requeue"`: re-prefilled from scratch, greedy outputs unchanged) or finished with an
+`error: ...` reason (`"fail"`); never silently lost. Every process is stopped on `close()` / `__exit__`.
+
+`colocated_run` is the same workload on one `LLMEngine` in this process: prefill and decode share every step.
+"""
+from __future__ import annotations
+
+import itertools
+import statistics
+import time
+from dataclasses import dataclass, field
+from multiprocessing.connection import wait
+
+import torch
+
+from lab_utils.device import now
+from lab_utils.disagg.workers import DTYPES, decode_main, prefill_main
+from lab_utils.engine.config import EngineConfig
+from lab_utils.engine.request import RequestMetrics, RequestOutput
+from lab_utils.engine.sampling_params import SamplingParams
+from lab_utils.parallel.launch import stop_processes
+
+FAILURE_POLICIES = ("requeue", "fail")
+_RUNS = itertools.count()  # request ids of `colocated_run` stay unique when one engine serves several runs
+
+
+def load_tokenizer_for(model: str):
+    """The tokenizer that goes with a model name or folder (random-weight models borrow SmolLM2's)."""
+    from lab_utils.models.loader import model_folder
+    from lab_utils.models.registry import lookup
+    from lab_utils.models.tokenizer import load_tokenizer
+
+    spec, _ = lookup(str(model))
+    return load_tokenizer(model_folder(spec.tokenizer_from if spec and spec.kind == "random" else str(model)))
+
+
+def _requests(tokenizer, prompts, params, arrival_times) -> list[tuple[str | None, list[int], SamplingParams, float]]:
+    prompts = [prompts] if isinstance(prompts, str) else list(prompts)
+    plist = params if isinstance(params, list) else [params or SamplingParams()] * len(prompts)
+    arr = list(arrival_times) if arrival_times is not None else [0.0] * len(prompts)
+    if len(plist) != len(prompts) or len(arr) != len(prompts):
+        raise ValueError(f"got {len(prompts)} prompts, {len(plist)} SamplingParams and {len(arr)} arrival_times; "
+                         f"give one of each per prompt")
+    if any(a < 0 for a in arr):
+        raise ValueError(f"arrival_times must be >= 0 seconds from the start, got {min(arr)}")
+    out = []
+    for p, sp, a in zip(prompts, plist, arr):
+        ids = tokenizer(p, add_special_tokens=False).input_ids if isinstance(p, str) else [int(t) for t in p]
+        if not ids:
+            raise ValueError("a prompt is empty: give at least one token")
+        out.append((p if isinstance(p, str) else None, ids, sp, float(a)))
+    return out
+
+
+def _text(tokenizer, token_ids: list[int]) -> str:
+    return tokenizer.decode(token_ids, skip_special_tokens=True) if tokenizer is not None else ""
+
+
+def colocated_run(model, engine_config: EngineConfig | None, prompts, params: SamplingParams | list | None = None,
+                  arrival_times=None, device: str = "cpu", dtype: str = "float32",
+                  threads: int = 1) -> list[RequestOutput]:
+    """The baseline: one `LLMEngine` in this process serves the workload (requests join at their arrival times)."""
+    from lab_utils.engine.engine import LLMEngine
+
+    old = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        if isinstance(model, LLMEngine):
+            engine = model
+        else:
+            engine = LLMEngine(model, engine_config, device=device, dtype=DTYPES[dtype])
+        reqs = _requests(engine.tokenizer, prompts, params, arrival_times)
+        order = sorted(range(len(reqs)), key=lambda i: reqs[i][3])
+        run = next(_RUNS)
+        ids = [f"c{run}-{i}" for i in range(len(reqs))]
+        done: dict[str, RequestOutput] = {}
+        t0 = now()
+        while len(done) < len(reqs):
+            while order and t0 + reqs[order[0]][3] <= now():
+                i = order.pop(0)
+                text, toks, sp, a = reqs[i]
+                engine.add_request(text if text is not None else toks, sp, request_id=ids[i], arrival_time=t0 + a)
+            if engine.has_unfinished():
+                for out in engine.step():
+                    if out.finished:
+                        done[out.request_id] = out
+            elif order:
+                time.sleep(max(0.0, t0 + reqs[order[0]][3] - now()))
+        return [done[i] for i in ids]
+    finally:
+        torch.set_num_threads(old)
+
+
+@dataclass
+class _Tracked:
+    prompt: str | None
+    token_ids: list[int]
+    params: SamplingParams
+    arrival: float  # absolute, monotonic clock
+    state: str = "pending"  # pending -> prefill -> decode -> done
+    output: RequestOutput | None = None
+
+
+@dataclass
+class WorkerFailure:
+    worker: str
+    exitcode: int | None
+    requests: list[str] = field(default_factory=list)
+    action: str = "requeue"
+
+
+class DisaggregatedCluster:
+    """A prefill worker + a decode worker + this router. Use as a context manager."""
+
+    def __init__(self, model: str = "smollm2-135m", engine_config: EngineConfig | None = None, device: str = "cpu",
+                 dtype: str = "float32", prefill_config: EngineConfig | None = None,
+                 decode_config: EngineConfig | None = None, on_worker_failure: str = "requeue",
+                 threads_per_worker: int = 1, startup_timeout_s: float = 300.0) -> None:
+        if on_worker_failure not in FAILURE_POLICIES:
+            raise ValueError(f"on_worker_failure={on_worker_failure!r} is invalid: must be one of {FAILURE_POLICIES}")
+        if dtype not in DTYPES:
+            raise ValueError(f"dtype={dtype!r} is invalid: must be one of {tuple(DTYPES)}")
+        if device not in ("cpu", "cuda"):
+            raise ValueError(f"device={device!r} is invalid: must be 'cpu' or 'cuda'")
+        base = engine_config or EngineConfig()
+        self.model, self.device, self.dtype = str(model), device, dtype
+        self.prefill_config, self.decode_config = prefill_config or base, decode_config or base
+        self.on_worker_failure, self.threads, self.startup_timeout_s = on_worker_failure, threads_per_worker, startup_timeout_s
+        self.tokenizer = None
+        self._procs: dict[str, object] = {}
+        self._conns: dict[str, object] = {}
+        self._records: dict[str, dict] = {}  # request id -> transfer record (prefill + decode halves)
+        self.failures: list[WorkerFailure] = []
+        self.num_requeued = 0
+        self._batches = 0
+        self._healthy = False
+
+    # -- lifecycle --------------------------------------------------------------------------------
+    def __enter__(self) -> DisaggregatedCluster:
+        self.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def start(self) -> None:
+        if self.tokenizer is None:
+            self.tokenizer = load_tokenizer_for(self.model)
+        try:
+            self._start_workers()
+        except BaseException:
+            self.close()
+            raise
+
+    def _start_workers(self) -> None:
+        ctx = torch.multiprocessing.get_context("spawn")
+        eos = {self.tokenizer.eos_token_id} - {None}
+        self._queues = {"prefill": ctx.Queue(), "decode": ctx.Queue()}
+        p_read, p_write = ctx.Pipe(duplex=False)
+        d_read, d_write = ctx.Pipe(duplex=False)
+        kv_read, kv_write = ctx.Pipe(duplex=False)  # the KV channel, prefill -> decode, bypassing the router
+        self._procs = {
+            "prefill": ctx.Process(target=prefill_main, name="lab-prefill", daemon=True,
+                                   args=(self.model, self.prefill_config, self.device, self.dtype, eos,
+                                         self._queues["prefill"], p_write, kv_write, self.threads)),
+            "decode": ctx.Process(target=decode_main, name="lab-decode", daemon=True,
+                                  args=(self.model, self.decode_config, self.device, self.dtype, eos,
+                                        self._queues["decode"], d_write, kv_read, self.threads)),
+        }
+        for p in self._procs.values():
+            p.start()
+        for c in (p_write, d_write, kv_read, kv_write):
+            c.close()  # the children hold their ends; closing ours lets a death show as EOF
+        self._conns = {"prefill": p_read, "decode": d_read}
+        ready: set[str] = set()
+        deadline = time.perf_counter() + self.startup_timeout_s
+        while len(ready) < 2:
+            left = deadline - time.perf_counter()
+            if left <= 0:
+                raise TimeoutError(f"workers did not start within startup_timeout_s={self.startup_timeout_s}")
+            for who, conn in self._conns.items():
+                if who in ready or not conn.poll(min(left, 0.2)):
+                    continue
+                try:
+                    msg = conn.recv()
+                except EOFError:
+                    raise RuntimeError(f"{who} worker exited during start-up "
+                                       f"(exit code {self._procs[who].exitcode})") from None
+                if msg[0] == "error":
+                    raise RuntimeError(f"{who} worker failed during start-up:\n{msg[2]}")
+                ready.add(who)
+        self._healthy = True
+
+    def _stop_workers(self) -> None:
+        for q in getattr(self, "_queues", {}).values():
+            try:
+                q.put(("stop",))
+            except (OSError, ValueError):
+                pass
+        stop_processes(list(self._procs.values()), grace_s=3.0)
+        for c in self._conns.values():
+            c.close()
+        for q in getattr(self, "_queues", {}).values():
+            q.cancel_join_thread()  # never block on a queue whose reader is gone
+            q.close()
+        self._procs, self._conns, self._queues = {}, {}, {}
+        self._healthy = False
+
+    def close(self) -> None:
+        """Stop both workers (join, then terminate, then kill): no process outlives the cluster."""
+        self._stop_workers()
+
+    def kill_decode_worker(self) -> None:
+        """SIGKILL the decode worker (fault-injection demo): the router notices at its next look."""
+        p = self._procs.get("decode")
+        if p is not None and p.is_alive():
+            p.kill()
+            p.join(timeout=10)
+
+    @property
+    def processes(self) -> dict[str, object]:
+        return dict(self._procs)
+
+    # -- serving ----------------------------------------------------------------------------------
+    def generate(self, prompts, params: SamplingParams | list[SamplingParams] | None = None, arrival_times=None,
+                 on_output=None, timeout_s: float = 600.0) -> list[RequestOutput]:
+        """Serve the prompts (arriving `arrival_times` seconds after the call, default all at once); outputs in
+        prompt order, the same objects as `LLMEngine.generate`. `on_output(out)` is called as each finishes."""
+        if not self._healthy:
+            self._stop_workers()
+            self._start_workers()
+        reqs = _requests(self.tokenizer, prompts, params, arrival_times)
+        if any(sp.stop for _, _, sp, _ in reqs):
+            raise ValueError("stop strings need a tokenizer in the workers; use SamplingParams.stop_token_ids")
+        self._batches += 1
+        t0 = now()
+        tracked = {f"b{self._batches}-{i}": _Tracked(text, ids, sp, t0 + a) for i, (text, ids, sp, a) in enumerate(reqs)}
+        order = sorted(tracked, key=lambda r: tracked[r].arrival)
+        deadline = time.perf_counter() + timeout_s
+        while any(t.state != "done" for t in tracked.values()):
+            if time.perf_counter() > deadline:
+                raise TimeoutError(f"generate did not finish within timeout_s={timeout_s}")
+            for rid in order:
+                t = tracked[rid]
+                if t.state == "pending" and t.arrival <= now():
+                    self._queues["prefill"].put(("req", rid, t.token_ids, t.params, t.arrival))
+                    t.state = "prefill"
+            waiting = [t.arrival for t in tracked.values() if t.state == "pending"]
+            timeout = max(0.0, min(waiting) - now()) if waiting else 1.0
+            watch = list(self._conns.values()) + [p.sentinel for p in self._procs.values()]
+            for ready in wait(watch, timeout=min(timeout, 1.0)):
+                who = next((w for w, c in self._conns.items() if c is ready), None)
+                if who is None:
+                    who = next((w for w, p in self._procs.items() if p.sentinel == ready), None)
+                if who is None or not self._healthy:
+                    continue
+                self._handle(who, tracked, on_output)
+                if not self._healthy:
+                    break
+        return [tracked[r].output for r in tracked]
+
+    def _handle(self, who: str, tracked: dict[str, _Tracked], on_output) -> None:
+        conn = self._conns[who]
+        try:
+            while conn.poll():
+                msg = conn.recv()
+                kind = msg[0]
+                if kind == "error":
+                    self._stop_workers()
+                    raise RuntimeError(f"{msg[1]} worker failed:\n{msg[2]}")
+                if kind == "finished" or kind == "out":
+                    out = msg[1]
+                    if kind == "out" and out.request_id in self._records:
+                        self._records[out.request_id].update(msg[2])
+                    self._finish(tracked, out, on_output)
+                elif kind == "sent":
+                    self._records[msg[1]] = dict(msg[2])
+                    if msg[1] in tracked and tracked[msg[1]].state == "prefill":
+                        tracked[msg[1]].state = "decode"
+                elif kind == "kv_failed":
+                    self._worker_died("decode", tracked, on_output)
+                    return
+        except (EOFError, ConnectionResetError, OSError):
+            pass
+        if not self._procs[who].is_alive():
+            self._worker_died(who, tracked, on_output)
+
+    def _finish(self, tracked, out: RequestOutput, on_output) -> None:
+        t = tracked.get(out.request_id)
+        if t is None or t.state == "done":
+            return
+        out.prompt, out.text = t.prompt, _text(self.tokenizer, out.token_ids)
+        t.output, t.state = out, "done"
+        if on_output is not None:
+            on_output(out)
+
+    def _worker_died(self, who: str, tracked, on_output) -> None:
+        proc = self._procs[who]
+        proc.join(timeout=5)
+        code = proc.exitcode
+        lost = [r for r, t in tracked.items() if t.state in ("prefill", "decode")]
+        self.failures.append(WorkerFailure(who, code, lost, self.on_worker_failure))
+        self._stop_workers()
+        if self.on_worker_failure == "requeue":
+            self._start_workers()
+            for r in lost:
+                tracked[r].state = "pending"  # re-sent (and re-prefilled) at once: its arrival has passed
+                self._records.pop(r, None)
+            self.num_requeued += len(lost)
+            return
+        reason = f"error: {who} worker died (exit code {code}) before this request finished"
+        for r, t in tracked.items():
+            if t.state != "done":
+                why = reason if r in lost else f"error: {who} worker died before this request was served"
+                out = RequestOutput(r, t.prompt, t.token_ids, [], "", True, why, RequestMetrics(t.arrival))
+                self._finish(tracked, out, on_output)
+
+    # -- statistics -------------------------------------------------------------------------------
+    def transfer_stats(self) -> dict:
+        """KV transfers so far: count, bytes, and seconds per transfer (means; see `TransferRecord`)."""
+        recs = [r for r in self._records.values() if "bytes" in r]
+        def mean(key):
+            xs = [r[key] for r in recs if key in r]
+            return statistics.fmean(xs) if xs else 0.0
+        total = sum(r["bytes"] for r in recs)
+        busy = sum(r.get("serialize_s", 0) + r.get("send_s", 0) + r.get("recv_s", 0) + r.get("load_s", 0) for r in recs)
+        lat = [r["received_at"] - r["sent_at"] for r in recs if "received_at" in r]
+        return {
+            "num_transfers": len(recs),
+            "bytes_total": total,
+            "bytes_per_request_mean": total / len(recs) if recs else 0.0,
+            "bytes_per_token_mean": total / max(sum(r["num_tokens"] for r in recs), 1),
+            "seconds_per_transfer_mean": busy / len(recs) if recs else 0.0,
+            "serialize_s_mean": mean("serialize_s"),
+            "send_s_mean": mean("send_s"),
+            "recv_s_mean": mean("recv_s"),
+            "load_s_mean": mean("load_s"),
+            "latency_s_mean": statistics.fmean(lat) if lat else 0.0,
+            "throughput_MBps": total / busy / 1e6 if busy else 0.0,
+            "num_requeued": self.num_requeued,
+            "num_worker_failures": len(self.failures),
+        }

@@ -1,0 +1,179 @@
+"""The two worker processes of a disaggregated deployment (DistServe / Splitwise / vLLM's P/D connectors).
+
+- Prefill worker: an `LLMEngine` that only ever runs prompts. When a request has its first token, its prompt KV
+  is copied out of the paged cache, shipped to the decode worker (`transfer.py`) and the request is dropped
+  here. A request that ends with its first token (EOS, max_tokens=1) is answered directly.
+- Decode worker: an `LLMEngine` doing continuous batching of decodes, with a reader thread that takes transfers
+  off the channel while the engine steps. A request arrives with its KV, its first
+  token and its timestamps; to the engine it is exactly a swapped-out request coming back (status SWAPPED,
+  `swapped_kv` = the transferred KV): the scheduler admits it when blocks are free and swap-in copies the KV
+  into the paged cache. So the engine needs no change to accept KV computed elsewhere.
+Both report to the router over their own pipe; a dead worker shows as EOF there.
+"""
+from __future__ import annotations
+
+import multiprocessing
+import queue as queue_mod
+import threading
+import time
+import traceback
+
+import torch
+
+from lab_utils.device import now
+from lab_utils.disagg.transfer import KVReceiver, KVSender, TransferRecord
+from lab_utils.engine.request import Request, Status
+
+DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def build_engine(model: str, config, device: str, dtype: str, extra_eos: set[int]):
+    """An engine around the model, without a tokenizer (workers see token ids only; the router has the text)."""
+    from lab_utils.engine.engine import LLMEngine
+    from lab_utils.parallel.runner import load_weights_only
+
+    weights = load_weights_only(model, torch.device(device), DTYPES[dtype])
+    engine = LLMEngine((weights, None), config, device=device)
+    engine.eos_ids |= set(extra_eos)  # the tokenizer's EOS, which the colocated engine also stops on
+    engine.keep_history = False  # a worker lives as long as the cluster: forget ended requests
+    return engine
+
+
+def export_prompt_kv(engine, req: Request) -> dict[str, torch.Tensor]:
+    """K/V of the request's prompt tokens, [layers, tokens, kv_heads, head_dim] each (+ int8 scales)."""
+    saved = engine.kv_cache.copy_out(req.block_table)
+    return {k: t[:, :req.num_prompt_tokens] for k, t in saved.items()}
+
+
+def admit_prefilled(engine, meta: dict, kv: dict[str, torch.Tensor]) -> str:
+    """Queue a request whose prompt KV and first token were computed elsewhere (see the module doc)."""
+    req = Request(meta["request_id"], None, meta["prompt_token_ids"], meta["params"], meta["arrival_time"])
+    req.token_ids.append(meta["first_token"])
+    m = req.metrics
+    m.first_scheduled_time, m.first_token_time = meta["first_scheduled_time"], meta["first_token_time"]
+    m.token_times = [meta["first_token_time"]]
+    req.num_computed_tokens = req.num_prompt_tokens
+    req.num_cached_tokens = meta.get("num_cached_tokens", 0)
+    engine.requests[req.request_id] = req
+    reason = engine._rejection_reason(req)
+    if reason:
+        req.status, req.finish_reason = Status.REJECTED, f"rejected: {reason}"
+        engine.num_rejected += 1
+        engine._pending_outputs.append(engine._output(req, finished=True))
+        return req.request_id
+    req.status, req.swapped_kv = Status.SWAPPED, kv
+    engine.scheduler.add(req)
+    return req.request_id
+
+
+def _orphaned() -> bool:
+    """True once the router's process has gone (killed without closing us): then a worker exits by itself."""
+    parent = multiprocessing.parent_process()
+    return parent is not None and not parent.is_alive()
+
+
+def prefill_main(model, config, device, dtype, extra_eos, requests, to_router, kv_conn, threads) -> None:
+    """Prefill worker: requests in from the router, KV out to the decode worker, notes back to the router."""
+    torch.set_num_threads(threads)
+    try:
+        engine = build_engine(model, config, device, dtype, extra_eos)
+        sender = KVSender(kv_conn)
+        to_router.send(("ready", "prefill"))
+        while True:
+            msgs = []
+            try:  # idle: wait for work; busy: take what has arrived and keep stepping
+                msgs.append(requests.get(timeout=1.0) if not engine.has_unfinished() else requests.get_nowait())
+                while True:
+                    msgs.append(requests.get_nowait())
+            except queue_mod.Empty:
+                pass
+            if _orphaned():
+                return
+            for msg in msgs:
+                if msg[0] == "stop":
+                    return
+                _, rid, ids, params, arrival = msg
+                engine.add_request(ids, params, request_id=rid, arrival_time=arrival)
+            if not engine.has_unfinished():
+                continue
+            for out in engine.step():
+                req = engine.requests.get(out.request_id)
+                if out.finished:
+                    if out.finish_reason != "abort":  # ended at its first token, or rejected
+                        to_router.send(("finished", out))
+                    continue
+                rec = TransferRecord(req.request_id, req.num_prompt_tokens)
+                t0 = time.perf_counter()
+                kv = export_prompt_kv(engine, req)
+                rec.serialize_s = time.perf_counter() - t0
+                meta = dict(request_id=req.request_id, prompt_token_ids=req.prompt_token_ids, params=req.params,
+                            arrival_time=req.metrics.arrival_time, first_token=req.token_ids[-1],
+                            first_token_time=req.metrics.first_token_time,
+                            first_scheduled_time=req.metrics.first_scheduled_time,
+                            num_cached_tokens=req.num_cached_tokens)
+                engine.abort(req.request_id)  # its blocks go back to the prefill pool
+                try:
+                    sender.send(meta, kv, rec)
+                except (BrokenPipeError, ConnectionResetError, EOFError) as e:
+                    to_router.send(("kv_failed", req.request_id, f"{type(e).__name__}: {e}"))
+                    continue
+                to_router.send(("sent", req.request_id, rec.to_dict()))
+    except BaseException:
+        try:
+            to_router.send(("error", "prefill", traceback.format_exc()))
+        except OSError:
+            pass
+
+
+def _receive_kv(receiver: KVReceiver, inbox: queue_mod.Queue) -> None:
+    """Decode worker's reader thread: drains the KV channel while the engine steps (the socket read releases the
+    GIL), so a transfer never waits for a decode step and the prefill worker is never blocked on it."""
+    while True:
+        try:
+            meta, kv, recv_s, load_s = receiver.recv()
+        except (EOFError, OSError):
+            inbox.put(None)  # the prefill side has gone
+            return
+        inbox.put((meta, kv, dict(recv_s=recv_s, load_s=load_s, received_at=now())))
+
+
+def decode_main(model, config, device, dtype, extra_eos, control, to_router, kv_conn, threads) -> None:
+    """Decode worker: KV in from the prefill worker, continuous batching of decodes, finished outputs out."""
+    torch.set_num_threads(threads)
+    try:
+        engine = build_engine(model, config, device, dtype, extra_eos)
+        inbox: queue_mod.Queue = queue_mod.Queue()
+        threading.Thread(target=_receive_kv, args=(KVReceiver(kv_conn), inbox), daemon=True).start()
+        records: dict[str, dict] = {}
+        to_router.send(("ready", "decode"))
+        while True:
+            try:
+                if control.get_nowait()[0] == "stop":
+                    return
+            except queue_mod.Empty:
+                pass
+            if _orphaned():
+                return
+            busy = engine.has_unfinished()
+            try:  # admit every request whose KV has arrived; when idle, wait (briefly, to keep watching `control`)
+                item = inbox.get_nowait() if busy else inbox.get(timeout=0.05)
+                while True:
+                    if item is not None:
+                        meta, kv, rec = item
+                        admit_prefilled(engine, meta, kv)
+                        records[meta["request_id"]] = rec
+                        busy = True
+                    item = inbox.get_nowait()
+            except queue_mod.Empty:
+                pass
+            if not busy:
+                continue
+            for out in engine.step():
+                if out.finished:
+                    to_router.send(("out", out, records.pop(out.request_id, {})))
+                    engine.requests.pop(out.request_id, None)
+    except BaseException:
+        try:
+            to_router.send(("error", "decode", traceback.format_exc()))
+        except OSError:
+            pass
