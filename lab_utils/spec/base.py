@@ -35,6 +35,9 @@ class Proposer(ABC):
     (a draft KV cache, ...) is keyed by request id and kept in step through `on_accept` / `release`."""
 
     needs_hidden: bool = False           # True: propose() gets the target's final hidden state(s), see above
+    # the engine sets this to the id of the request being served right before each propose() call, so a
+    # stateful proposer (the draft model's KV cache) can keep per-request state without a wider signature
+    request_id: str | None = None
 
     @abstractmethod
     def propose(self, token_ids: list[int], k: int, hidden: torch.Tensor | None = None,
