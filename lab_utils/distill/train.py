@@ -1,0 +1,209 @@
+"""The KD training loop over cached teacher targets, evaluation (top-1 agreement with the teacher), checkpointing.
+
+Agreement is measured where speculative decoding needs it: on positions whose next token the teacher generated
+(greedy), so "student argmax == teacher argmax" there is what a greedy draft's acceptance rate approximates.
+"""
+from __future__ import annotations
+
+import json
+import math
+import random
+import shutil
+import time
+from pathlib import Path
+
+import torch
+
+from lab_utils.distill.loss import topk_kd_loss
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "special_tokens_map.json")
+
+
+def pad_batch(records: list[dict]) -> dict[str, torch.Tensor]:
+    """Right-pad teacher records into tensors; `mask` marks real rows, `gen` the rows predicting generated tokens."""
+    L = max(len(r["ids"]) for r in records)
+    B, k = len(records), records[0]["topk_idx"].shape[1]
+    ids = torch.zeros(B, L, dtype=torch.long)
+    tidx = torch.zeros(B, L - 1, k, dtype=torch.long)
+    tval = torch.zeros(B, L - 1, k)
+    mask = torch.zeros(B, L - 1, dtype=torch.bool)
+    gen = torch.zeros(B, L - 1, dtype=torch.bool)
+    for b, r in enumerate(records):
+        n = len(r["ids"])
+        ids[b, :n] = r["ids"].long()
+        tidx[b, : n - 1] = r["topk_idx"].long()
+        tval[b, : n - 1] = r["topk_val"].float()
+        mask[b, : n - 1] = True
+        gen[b, r["n_prompt"] - 1: n - 1] = True
+    return dict(ids=ids, labels=ids[:, 1:], topk_idx=tidx, topk_val=tval, mask=mask, gen=gen)
+
+
+@torch.no_grad()
+def evaluate(model, records: list[dict], batch: int = 8, max_pos: int = 96) -> dict:
+    """Top-1 agreement with the teacher on generated positions (overall and by position in the continuation),
+    on all positions, and the KD loss (T = 1, top-k) on generated positions."""
+    model.eval()
+    hit = tot = hit_all = tot_all = 0
+    loss_sum = 0.0
+    by_hit, by_tot = torch.zeros(max_pos), torch.zeros(max_pos)
+    for i in range(0, len(records), batch):
+        recs = records[i:i + batch]
+        b = pad_batch(recs)
+        logits = model(b["ids"][:, :-1]).float()
+        same = logits.argmax(-1) == b["topk_idx"][..., 0]
+        hit += (same & b["gen"]).sum().item()
+        tot += b["gen"].sum().item()
+        hit_all += (same & b["mask"]).sum().item()
+        tot_all += b["mask"].sum().item()
+        loss_sum += topk_kd_loss(logits, b["topk_idx"], b["topk_val"], 1.0, mask=b["gen"]).item() * b["gen"].sum().item()
+        for j, r in enumerate(recs):
+            s = same[j, r["n_prompt"] - 1: len(r["ids"]) - 1][:max_pos].float()
+            by_hit[: len(s)] += s
+            by_tot[: len(s)] += 1
+    model.train()
+    return dict(agreement=hit / max(tot, 1), agreement_all=hit_all / max(tot_all, 1), kd_loss=loss_sum / max(tot, 1),
+                tokens=tot, by_position=(by_hit / by_tot.clamp_min(1)).tolist())
+
+
+def lr_at(step: int, steps: int, lr: float, warmup: int) -> float:
+    """Linear warm-up, then cosine decay to 10% of the peak."""
+    if step < warmup:
+        return lr * (step + 1) / warmup
+    frac = (step - warmup) / max(1, steps - warmup)
+    return lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(frac, 1.0))))
+
+
+def train(model, train_rec: list[dict], val_rec: list[dict] | None = None, *, steps: int = 1000, batch: int = 8,
+          lr: float = 2e-3, T: float = 1.0, alpha: float = 0.7, warmup: int = 50, seed: int = 0,
+          eval_every: int = 200, deadline: float | None = None, on_eval=None, log_every: int = 10) -> list[dict]:
+    """AdamW on `topk_kd_loss` (soft teacher targets, mixed with CE on the teacher's tokens). Returns the log
+    ({step, loss, lr, seconds} rows, plus val figures every `eval_every` steps). Stops early past `deadline`."""
+    if steps < 1 or batch < 1:
+        raise ValueError(f"steps={steps} and batch={batch} must be >= 1")
+    if not train_rec:
+        raise ValueError("train_rec is empty: generate teacher targets first")
+    rng = random.Random(seed)
+    torch.manual_seed(seed)
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.98), weight_decay=0.0)
+    model.train()
+    log: list[dict] = []
+    order: list[int] = []
+    t0, run = time.time(), 0.0
+    for step in range(steps):
+        if deadline is not None and time.time() > deadline:
+            break
+        if len(order) < batch:
+            order = list(range(len(train_rec)))
+            rng.shuffle(order)
+        b = pad_batch([train_rec[order.pop()] for _ in range(batch)])
+        for g in opt.param_groups:
+            g["lr"] = lr_at(step, steps, lr, warmup)
+        logits = model(b["ids"][:, :-1])
+        loss = topk_kd_loss(logits, b["topk_idx"], b["topk_val"], T, alpha, labels=b["labels"], mask=b["mask"])
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        run = loss.item() if step == 0 else 0.9 * run + 0.1 * loss.item()
+        if step % log_every == 0 or step == steps - 1:
+            log.append(dict(step=step, loss=round(loss.item(), 4), loss_ema=round(run, 4),
+                            lr=g["lr"], seconds=round(time.time() - t0, 1)))
+        if val_rec and ((step + 1) % eval_every == 0 or step == steps - 1):
+            ev = evaluate(model, val_rec)
+            log.append(dict(step=step, val_agreement=round(ev["agreement"], 4), val_kd_loss=round(ev["kd_loss"], 4),
+                            seconds=round(time.time() - t0, 1)))
+            if on_eval is not None:
+                on_eval(step, ev, log)
+    return log
+
+
+def save_checkpoint(model, config: dict, folder: Path, tokenizer_src: Path, extra: dict | None = None) -> Path:
+    """HF layout: config.json, fp16 model.safetensors (tied head stored once), the teacher's tokenizer files."""
+    from safetensors.torch import save_file
+
+    folder.mkdir(parents=True, exist_ok=True)
+    state = {k: v.detach().to(torch.float16).contiguous() for k, v in model.state_dict().items()
+             if k != "lm_head.weight" and "rotary_emb" not in k}
+    save_file(state, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    (folder / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    for name in TOKENIZER_FILES:
+        if (tokenizer_src / name).exists():
+            shutil.copy(tokenizer_src / name, folder / name)
+    if extra is not None:
+        (folder / "train_log.json").write_text(json.dumps(extra, indent=1) + "\n")
+    return folder
+
+
+def _split_heldout(records: list[dict]) -> tuple[list[dict], list[dict]]:
+    """Held-out teacher sequences: even ones choose the checkpoint (val), odd ones are reported (test)."""
+    return records[0::2], records[1::2]
+
+
+def run_cli(args, targets_path: Path, out_dir: Path, teacher_name: str) -> dict:
+    """`scripts/train_draft.py`'s training stage (and its --smoke mode). Returns the summary it writes."""
+    from lab_utils.distill.student import draft_config, init_student, num_params
+    from lab_utils.distill.teacher import generate_targets, load_targets
+    from lab_utils.models.loader import load_model, model_folder
+
+    torch.manual_seed(args.seed)
+    teacher, tok = load_model(teacher_name, device="cpu")
+    cfg = draft_config()
+    t0 = time.time()
+    if args.smoke:
+        from lab_utils.distill.data import make_prompts
+
+        prompts = make_prompts(tok, 8, "train", seed=args.seed)
+        train_rec = generate_targets(teacher, [p.ids for p in prompts], 16, top_k=16, batch=8)
+        val_rec = test_rec = train_rec
+        steps, deadline, out_dir = 30, None, None
+        print(f"[smoke] {len(train_rec)} teacher sequences in {time.time() - t0:.0f}s", flush=True)
+    else:
+        recs, meta = load_targets(targets_path)
+        train_rec = recs["train"]
+        val_rec, test_rec = _split_heldout(recs["heldout"])
+        steps, deadline = args.steps, t0 + args.minutes * 60
+        print(f"[train] {len(train_rec)} train seqs ({meta['train_tokens']} tokens), {len(val_rec)} val, "
+              f"{len(test_rec)} test; teacher stage took {meta['seconds']}s", flush=True)
+    student = init_student(cfg, teacher, seed=args.seed)
+    del teacher
+    base = evaluate(student, test_rec)
+    print(f"[train] params {num_params(student):,}; PCA-init test agreement {base['agreement']:.3f}", flush=True)
+    best = dict(agreement=-1.0)
+    summary: dict = {}
+
+    def on_eval(step, ev, log):
+        print(f"[train] step {step + 1}: val agreement {ev['agreement']:.3f} kd {ev['kd_loss']:.3f} "
+              f"({time.time() - t0:.0f}s)", flush=True)
+        if out_dir is not None and ev["agreement"] > best["agreement"]:
+            best.update(ev, step=step + 1)
+            save_checkpoint(student, cfg, out_dir, model_folder(teacher_name),
+                            dict(summary_in_progress=dict(step=step + 1, val_agreement=ev["agreement"]), log=log))
+
+    log = train(student, train_rec, val_rec, steps=steps, batch=args.train_batch, lr=args.lr, T=args.temperature,
+                alpha=args.alpha, seed=args.seed, eval_every=args.eval_every if not args.smoke else 10,
+                deadline=deadline, on_eval=on_eval, log_every=1 if args.smoke else 10)
+    losses = [r["loss"] for r in log if "loss" in r]
+    summary = dict(steps=max(r["step"] for r in log) + 1, seconds=round(time.time() - t0, 1),
+                   first_loss=losses[0], final_loss_ema=[r["loss_ema"] for r in log if "loss" in r][-1],
+                   init_test_agreement=round(base["agreement"], 4), params=num_params(student))
+    if args.smoke:
+        print(f"[smoke] loss {losses[0]:.3f} -> {summary['final_loss_ema']:.3f} (EMA) in {summary['steps']} steps, "
+              f"{summary['seconds']}s", flush=True)
+        if not summary["final_loss_ema"] < losses[0]:
+            raise SystemExit("smoke: the loss did not fall")
+        return summary
+    from lab_utils.models.loader import load_model as _load
+
+    shipped, _ = _load(str(out_dir), device="cpu")
+    test = evaluate(shipped, test_rec)
+    tokens_seen = sum(1 for r in log if "loss" in r) and summary["steps"] * args.train_batch * \
+        (sum(len(r["ids"]) - 1 for r in train_rec) / len(train_rec))
+    summary.update(best_step=best.get("step"), val_agreement=round(best["agreement"], 4),
+                   test_agreement=round(test["agreement"], 4), test_agreement_all=round(test["agreement_all"], 4),
+                   test_kd_loss=round(test["kd_loss"], 4), test_by_position=[round(x, 4) for x in test["by_position"]],
+                   train_sequences=len(train_rec), train_tokens=meta["train_tokens"], tokens_seen=int(tokens_seen),
+                   teacher_seconds=meta["seconds"], config=dict(T=args.temperature, alpha=args.alpha, lr=args.lr,
+                                                                 batch=args.train_batch, seed=args.seed))
+    (out_dir / "train_log.json").write_text(json.dumps(dict(summary=summary, log=log), indent=1) + "\n")
+    print("[train] done:", json.dumps({k: v for k, v in summary.items() if k != "test_by_position"}), flush=True)
+    return summary
