@@ -8,10 +8,11 @@ feature and the token it chose back in, k times. Training: smooth-L1 feature reg
 against the target's greedy token (through the frozen lm_head), on cached target features.
 
 Context: the engine hands the proposer only the hidden rows of the tokens the target just verified (1 after a
-prefill, num_accepted + 1 after a verify step, see `base.py`), so the head attends over those rows plus its own
-draft steps, at most `window` rows. It is trained with the same kind of short sliding window (random widths),
-so the two match. Only the head is stored (fp16 safetensors + `eagle_config.json`); the token embedding and
-lm_head are the target's.
+prefill, num_accepted + 1 after a verify step, see `base.py`); the proposer keeps each request's recent rows
+(up to `window`) across calls, so the head attends over the last `window` true rows plus its own draft steps.
+It is trained with short sliding windows of random width (1..window), so a short context (a fresh request,
+a proposer used without request ids) is a case it has seen. Only the head is stored (fp16 safetensors +
+`eagle_config.json`); the token embedding and lm_head are the target's.
 """
 from __future__ import annotations
 
@@ -102,6 +103,24 @@ class EagleProposer(Proposer):
         dev = device if device is not None else target_model.device
         self.head.to(device=dev, dtype=target_model.dtype)
         self.head.rotary.inv_freq = self.head.rotary.inv_freq.float()
+        self.history: dict[str, tuple[int, torch.Tensor]] = {}   # request -> (position of row 0, rows [m, H])
+
+    def _with_history(self, first: int, rows: torch.Tensor) -> tuple[int, torch.Tensor]:
+        """Prepend the rows of earlier positions kept from this request's previous calls (the engine sets
+        `self.request_id` before each call), so the head sees up to `window` true rows, not just the new ones."""
+        rid = getattr(self, "request_id", None)
+        if rid is not None and rid in self.history:
+            start, old = self.history[rid]
+            if start <= first <= start + old.shape[0]:
+                rows, first = torch.cat([old[: first - start], rows]), start
+        keep = min(rows.shape[0], self.head.window)
+        rows, first = rows[rows.shape[0] - keep:], first + rows.shape[0] - keep
+        if rid is not None:
+            self.history[rid] = (first, rows)
+        return first, rows
+
+    def release(self, request_id: str) -> None:
+        self.history.pop(request_id, None)
 
     @torch.no_grad()
     def propose(self, token_ids: list[int], k: int, hidden: torch.Tensor | None = None,
@@ -112,10 +131,13 @@ class EagleProposer(Proposer):
             raise ValueError(f"k={k} must be >= 0")
         if k == 0:
             return Proposal([])
-        hidden = hidden.reshape(-1, hidden.shape[-1])
-        n = min(hidden.shape[0], len(token_ids), self.head.window)
-        feats = hidden[-n:].to(self.target.dtype)[None]
-        toks = torch.tensor(token_ids[len(token_ids) - n:], device=hidden.device)[None]  # row j: (f_{p_j}, x_{p_j+1})
+        hidden = hidden.reshape(-1, hidden.shape[-1]).to(self.target.dtype)
+        L, n = len(token_ids), min(hidden.shape[0], len(token_ids) - 1)
+        if n < 1:
+            return Proposal([])
+        first, feats = self._with_history(L - 1 - n, hidden[hidden.shape[0] - n:])
+        feats = feats[None]
+        toks = torch.tensor(token_ids[first + 1:], device=hidden.device)[None]  # row j: (f_p, x_{p+1})
         out, probs = draft_chain(self.head, self.target, feats, toks, k, temperature)
         return Proposal(out[0].tolist(), None if probs is None else probs[0])
 

@@ -30,10 +30,44 @@ class TrainLog:
         return sum(xs) / max(len(xs), 1)
 
 
-def _lr(step: int, total: int, base: float, warmup: int = 20) -> float:
+class VocabSubset:
+    """Sampled softmax for training on a CPU: the cross-entropy runs over every token that is ever a label plus
+    `extra` random other tokens redrawn each step, instead of all 49k rows of the lm_head (~5x cheaper). The
+    random negatives keep pushing the rest of the vocabulary down; evaluation always uses the full lm_head."""
+
+    def __init__(self, labels: torch.Tensor, vocab_size: int, extra: int = 2048) -> None:
+        self.always = torch.unique(labels[labels >= 0])
+        self.vocab_size, self.extra = vocab_size, extra
+        self.others = torch.ones(vocab_size, dtype=torch.bool)
+        self.others[self.always] = False
+        self.others = self.others.nonzero().squeeze(-1)
+
+    def draw(self, g: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+        """(token ids of this step's rows, map [vocab] -> row or -100)."""
+        pick = self.others[torch.randperm(len(self.others), generator=g)[: self.extra]]
+        rows = torch.cat([self.always, pick])
+        remap = torch.full((self.vocab_size,), -100, dtype=torch.long)
+        remap[rows] = torch.arange(len(rows))
+        return rows, remap
+
+
+def subset_ce(feats: torch.Tensor, lm_weight: torch.Tensor, labels: torch.Tensor, sub) -> torch.Tensor:
+    """CE of logits = feats @ W.T over the full vocabulary (sub None) or over a VocabSubset draw (rows, remap)."""
+    if sub is None:
+        return F.cross_entropy(feats @ lm_weight.T, labels, ignore_index=-100)
+    rows, remap = sub
+    lab = torch.where(labels >= 0, remap[labels.clamp(min=0)], labels)
+    return F.cross_entropy(feats @ lm_weight[rows].T, lab, ignore_index=-100)
+
+
+def _lr(step: int, total: int, base: float, elapsed: float = 0.0, max_seconds: float = 1e9,
+        warmup: int = 20) -> float:
+    """Linear warmup, then cosine decay over the run's progress: steps done or time used, whichever is further
+    (so a run cut short by its time budget still ends at a low learning rate)."""
     if step < warmup:
         return base * (step + 1) / warmup
-    return base * 0.5 * (1 + math.cos(math.pi * min(1.0, (step - warmup) / max(1, total - warmup))))
+    progress = max((step - warmup) / max(1, total - warmup), elapsed / max_seconds)
+    return base * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -53,20 +87,25 @@ def medusa_table(seqs: list[Sequence], num_heads: int) -> tuple[torch.Tensor, to
     return torch.cat(hs), torch.cat(labels)
 
 
-def medusa_loss(heads: MedusaHeads, lm_head, h: torch.Tensor, labels: torch.Tensor, decay: float = 0.8):
+def medusa_loss(heads: MedusaHeads, lm_head, h: torch.Tensor, labels: torch.Tensor, decay: float = 0.8, sub=None):
     """Sum over heads of decay**i * cross-entropy (Medusa's weighting: later heads are harder, count less)."""
     feats = heads(h)                                   # [K, B, H]
     losses = []
     for i in range(heads.num_heads):
-        losses.append(F.cross_entropy(lm_head(feats[i]).float(), labels[:, i], ignore_index=-100))
+        losses.append(subset_ce(feats[i], lm_head.weight, labels[:, i], sub))
     total = sum(decay ** i * l for i, l in enumerate(losses))
     return total, [l.item() for l in losses]
 
 
 def train_medusa(heads: MedusaHeads, target, seqs: list[Sequence], steps: int, batch: int = 256, lr: float = 1e-3,
-                 max_seconds: float = 1e9, seed: int = 0, log=print, log_every: int = 10) -> TrainLog:
+                 max_seconds: float = 1e9, seed: int = 0, log=print, log_every: int = 10,
+                 sampled_vocab: int | None = None) -> TrainLog:
+    """`sampled_vocab`: None = full-vocabulary CE; n = label tokens + n random others per step (VocabSubset)."""
     g = torch.Generator().manual_seed(seed)
     H, L = medusa_table(seqs, heads.num_heads)
+    vs = VocabSubset(L, target.config.vocab_size, sampled_vocab) if sampled_vocab is not None else None
+    if vs is not None:
+        log(f"[medusa] sampled softmax over {len(vs.always)} label tokens + {sampled_vocab} random others")
     for p in target.parameters():
         p.requires_grad_(False)
     opt = torch.optim.AdamW(heads.parameters(), lr=lr, weight_decay=0.0)
@@ -74,9 +113,9 @@ def train_medusa(heads: MedusaHeads, target, seqs: list[Sequence], steps: int, b
     heads.train()
     for step in range(steps):
         for grp in opt.param_groups:
-            grp["lr"] = _lr(step, steps, lr)
+            grp["lr"] = _lr(step, steps, lr, time.time() - t0, max_seconds)
         idx = torch.randint(0, len(H), (batch,), generator=g)
-        loss, per = medusa_loss(heads, target.lm_head, H[idx].float(), L[idx])
+        loss, per = medusa_loss(heads, target.lm_head, H[idx].float(), L[idx], sub=vs.draw(g) if vs else None)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
@@ -110,7 +149,7 @@ def eagle_batch(seqs: list[Sequence], batch: int, length: int, g: torch.Generato
 
 
 def eagle_loss(head: EagleHead, target, feats, toks, tfeat, tlab, width: int, noise: float, ce_weight: float,
-               unroll: bool, g: torch.Generator | None = None):
+               unroll: bool, g: torch.Generator | None = None, sub=None):
     """Smooth-L1 on the predicted feature + ce_weight * CE of lm_head(predicted feature) vs the target's token.
 
     `noise` (uniform, relative to the feature scale) and the `unroll` pass (half the rows fed the head's own
@@ -120,7 +159,8 @@ def eagle_loss(head: EagleHead, target, feats, toks, tfeat, tlab, width: int, no
     x = feats + noise * scale * (torch.rand(feats.shape, generator=g) - 0.5) if noise else feats
     pred = head(x, emb, width)
     reg = F.smooth_l1_loss(pred, tfeat)
-    ce = F.cross_entropy(target.lm_head(pred).flatten(0, 1), tlab.flatten())
+    W = target.lm_head.weight
+    ce = subset_ce(pred.flatten(0, 1), W, tlab.flatten(), sub)
     loss = reg + ce_weight * ce
     parts = {"reg": reg.item(), "ce": ce.item()}
     if unroll:
@@ -129,7 +169,7 @@ def eagle_loss(head: EagleHead, target, feats, toks, tfeat, tlab, width: int, no
         mask[:, 0] = False
         pred2 = head(torch.where(mask, mine, feats), emb, width)
         reg2 = F.smooth_l1_loss(pred2, tfeat)
-        ce2 = F.cross_entropy(target.lm_head(pred2).flatten(0, 1), tlab.flatten())
+        ce2 = subset_ce(pred2.flatten(0, 1), W, tlab.flatten(), sub)
         loss = loss + reg2 + ce_weight * ce2
         parts.update(reg2=reg2.item(), ce2=ce2.item())
     return loss, parts
@@ -151,8 +191,14 @@ def init_eagle(head: EagleHead) -> EagleHead:
 
 def train_eagle(head: EagleHead, target, seqs: list[Sequence], steps: int, batch: int = 8, length: int = 32,
                 lr: float = 1e-3, ce_weight: float = 0.5, noise: float = 0.2, unroll: bool = True,
-                max_seconds: float = 1e9, seed: int = 0, log=print, log_every: int = 10) -> TrainLog:
+                max_seconds: float = 1e9, seed: int = 0, log=print, log_every: int = 10,
+                sampled_vocab: int | None = None) -> TrainLog:
+    """`sampled_vocab`: None = full-vocabulary CE; n = label tokens + n random others per step (VocabSubset)."""
     g = torch.Generator().manual_seed(seed)
+    vs = None
+    if sampled_vocab is not None:
+        vs = VocabSubset(torch.cat([s.greedy for s in seqs]), target.config.vocab_size, sampled_vocab)
+        log(f"[eagle] sampled softmax over {len(vs.always)} label tokens + {sampled_vocab} random others")
     for p in target.parameters():
         p.requires_grad_(False)
     opt = torch.optim.AdamW([p for p in head.parameters() if p.requires_grad], lr=lr, weight_decay=0.0)
@@ -160,10 +206,10 @@ def train_eagle(head: EagleHead, target, seqs: list[Sequence], steps: int, batch
     head.train()
     for step in range(steps):
         for grp in opt.param_groups:
-            grp["lr"] = _lr(step, steps, lr)
+            grp["lr"] = _lr(step, steps, lr, time.time() - t0, max_seconds)
         width = int(torch.randint(1, head.window + 1, (1,), generator=g))
         loss, parts = eagle_loss(head, target, *eagle_batch(seqs, batch, length, g), width, noise, ce_weight,
-                                 unroll, g)
+                                 unroll, g, vs.draw(g) if vs else None)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(head.parameters(), 1.0)
