@@ -23,6 +23,12 @@ from lab_utils.paths import DATA_DIR, cache_dir  # noqa: E402
 
 TEACHER = "smollm2-135m"
 OUT_DIR = DATA_DIR / "models" / "smollm2-draft"
+# what made data/models/smollm2-draft (the teacher stage ran beside the training stage, which picks up new
+# teacher sequences at every evaluation)
+COMMAND = """export PYTHONPATH=$PWD OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1
+python scripts/train_draft.py --stage teacher --minutes 18        # held-out targets, then training targets
+python scripts/train_draft.py --stage teacher --minutes 35 &      # resumes: more training targets, meanwhile
+python scripts/train_draft.py --stage train --minutes 40 --eval-every 50"""
 
 
 def targets_path() -> Path:
@@ -31,7 +37,7 @@ def targets_path() -> Path:
 
 def stage_teacher(args) -> None:
     from lab_utils.distill.data import make_prompts
-    from lab_utils.distill.teacher import generate_targets, save_targets
+    from lab_utils.distill.teacher import generate_targets, load_targets, save_targets
     from lab_utils.models.loader import load_model
 
     torch.manual_seed(args.seed)
@@ -41,19 +47,27 @@ def stage_teacher(args) -> None:
     held = make_prompts(tok, args.heldout_prompts, "heldout", seed=args.seed)
     train = make_prompts(tok, args.train_prompts, "train", seed=args.seed)
     meta = dict(teacher=TEACHER, new_tokens=args.new_tokens, top_k=args.top_k, seed=args.seed)
-    held_rec = generate_targets(model, [p.ids for p in held], args.new_tokens, args.top_k, args.batch)
-    print(f"[teacher] held-out: {len(held_rec)} seqs, {sum(len(r['ids']) for r in held_rec)} tokens, "
-          f"{time.time() - t0:.0f}s", flush=True)
+    held_rec, done, spent = None, [], 0.0
+    if targets_path().exists():  # resume: keep what an earlier run produced, generate only the rest
+        old, old_meta = load_targets(targets_path())
+        if all(old_meta.get(k) == v for k, v in meta.items()):
+            held_rec, done, spent = old["heldout"], old["train"], old_meta.get("seconds", 0.0)
+            print(f"[teacher] resuming: {len(done)} train seqs cached", flush=True)
+    if held_rec is None:
+        held_rec = generate_targets(model, [p.ids for p in held], args.new_tokens, args.top_k, args.batch)
+        print(f"[teacher] held-out: {len(held_rec)} seqs, {sum(len(r['ids']) for r in held_rec)} tokens, "
+              f"{time.time() - t0:.0f}s", flush=True)
+    seen = {tuple(r["ids"][: r["n_prompt"]].tolist()) for r in done}
+    todo = [p.ids for p in train if p.ids not in seen]
 
-    def save(train_rec):
-        ntok = sum(len(r["ids"]) for r in train_rec)
-        m = dict(meta, n_train=len(train_rec), train_tokens=ntok, seconds=round(time.time() - t0, 1))
-        save_targets(dict(train=train_rec, heldout=held_rec), targets_path(), m)
-        print(f"[teacher] train: {len(train_rec)} seqs, {ntok} tokens, {time.time() - t0:.0f}s", flush=True)
+    def save(new_rec):
+        rec = done + new_rec
+        ntok = sum(len(r["ids"]) for r in rec)
+        m = dict(meta, n_train=len(rec), train_tokens=ntok, seconds=round(spent + time.time() - t0, 1))
+        save_targets(dict(train=rec, heldout=held_rec), targets_path(), m)
+        print(f"[teacher] train: {len(rec)} seqs, {ntok} tokens, {time.time() - t0:.0f}s", flush=True)
 
-    train_rec = generate_targets(model, [p.ids for p in train], args.new_tokens, args.top_k, args.batch,
-                                 deadline=deadline, on_batch=save)
-    save(train_rec)
+    save(generate_targets(model, todo, args.new_tokens, args.top_k, args.batch, deadline=deadline, on_batch=save))
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -67,13 +81,17 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--train-prompts", type=int, default=4000)
     ap.add_argument("--heldout-prompts", type=int, default=64)
-    ap.add_argument("--steps", type=int, default=3000, help="training steps (the LR schedule's length)")
+    ap.add_argument("--steps", type=int, default=0, help="training steps (the LR schedule's length); 0: the schedule "
+                    "follows the wall budget --minutes instead")
     ap.add_argument("--train-batch", type=int, default=8, help="teacher sequences per training step")
     ap.add_argument("--lr", type=float, default=2e-3)
     ap.add_argument("--temperature", type=float, default=1.0)
     ap.add_argument("--alpha", type=float, default=0.7, help="weight of the soft KD term (1 - alpha: hard CE)")
     ap.add_argument("--eval-every", type=int, default=200)
+    ap.add_argument("--raw-per-batch", type=int, default=3, help="plain-text windows per step (CE, no teacher)")
+    ap.add_argument("--raw-texts", type=int, default=4000, help="plain-text windows to draw them from")
     args = ap.parse_args(argv)
+    args.command = COMMAND
     torch.set_num_threads(1)
     if args.stage == "teacher" and not args.smoke:
         stage_teacher(args)

