@@ -1,0 +1,88 @@
+"""Side-by-side timing of speculative decoding (used by `benchmarks/spec_decode.py` and lab 07).
+
+One engine per method, built once; every round runs the same prompts through each engine in a rotating order
+(so slow spells of a shared machine hit every method alike), and the figures are medians over rounds.
+"""
+from __future__ import annotations
+
+import statistics
+import time
+
+from lab_utils.engine.config import EngineConfig, SpecConfig
+from lab_utils.engine.engine import LLMEngine
+from lab_utils.engine.sampling_params import SamplingParams
+from lab_utils.spec.engine_hook import SpecStats
+
+
+def build_engines(model_tok, methods: dict[str, SpecConfig | None], **engine_kw) -> dict[str, LLMEngine]:
+    """{name: engine}; a method whose proposer cannot be built (e.g. heads not trained yet) is left out."""
+    engines = {}
+    kw = dict(kv_cache_memory_bytes=64 << 20, enable_prefix_caching=False) | engine_kw
+    for name, spec in methods.items():
+        try:
+            engines[name] = LLMEngine(model_tok, EngineConfig(speculative=spec, **kw), device="cpu")
+        except ValueError as e:
+            print(f"[spec] skipping {name}: {e}")
+    return engines
+
+
+def run_once(engine: LLMEngine, prompts: list, params: SamplingParams) -> dict:
+    """Wall time of generating `prompts` as one batch, with this run's own acceptance statistics."""
+    if engine.spec is not None:
+        engine.spec.stats = SpecStats(engine.spec.k)
+    t0 = time.perf_counter()
+    outs = engine.generate(prompts, params)
+    wall = time.perf_counter() - t0
+    engine.block_manager.check_all_free()
+    n = sum(len(o.token_ids) for o in outs)
+    stats = engine.stats()
+    return {"wall_s": wall, "tokens": n, "tokens_per_s": n / wall, "token_ids": [o.token_ids for o in outs],
+            **{k: v for k, v in stats.items() if k.startswith("spec_")}}
+
+
+def compare(engines: dict[str, LLMEngine], prompt_batches: list[list], params: SamplingParams, rounds: int = 1,
+            baseline: str = "none", progress=None) -> dict:
+    """Run every batch through every engine, `rounds` times, rotating the order. Returns per method: the runs,
+    the median wall time, the median per-batch speed-up over `baseline`, and whether greedy outputs matched."""
+    names = list(engines)
+    runs: dict[str, list[dict]] = {n: [] for n in names}
+    for r in range(rounds):
+        for b, prompts in enumerate(prompt_batches):
+            shift = (r + b) % len(names)
+            for name in names[shift:] + names[:shift]:
+                run = run_once(engines[name], prompts, params)
+                run.update(batch=b, round=r)
+                runs[name].append(run)
+                if progress is not None:
+                    progress(name, run)
+    out = {}
+    for name in names:
+        speedups, same = [], []
+        for run in runs[name]:
+            if baseline in runs:
+                base = next(x for x in runs[baseline] if x["batch"] == run["batch"] and x["round"] == run["round"])
+                speedups.append(base["wall_s"] / run["wall_s"] * run["tokens"] / base["tokens"])
+                same.append(run["token_ids"] == base["token_ids"])
+        acc = [x["spec_num_accepted"] for x in runs[name] if x.get("spec_num_proposed")]
+        prop = [x["spec_num_proposed"] for x in runs[name] if x.get("spec_num_proposed")]
+        steps = [x["spec_num_verify_steps"] for x in runs[name] if x.get("spec_num_verify_steps")]
+        out[name] = {
+            "median_wall_s": statistics.median(x["wall_s"] for x in runs[name]),
+            "median_tokens_per_s": statistics.median(x["tokens_per_s"] for x in runs[name]),
+            "median_speedup": statistics.median(speedups) if speedups else None,
+            "speedups": speedups,
+            "greedy_identical": all(same) if same else None,
+            "acceptance_rate": sum(acc) / sum(prop) if prop else None,
+            "mean_tokens_per_verify_step": (sum(acc) + sum(steps)) / sum(steps) if steps else None,
+            "acceptance_per_position": _per_position(runs[name]),
+            "runs": [{k: v for k, v in x.items() if k != "token_ids"} for x in runs[name]],
+        }
+    return out
+
+
+def _per_position(runs: list[dict]) -> list[float | None] | None:
+    rows = [x["spec_acceptance_per_position"] for x in runs if x.get("spec_acceptance_per_position")]
+    if not rows:
+        return None
+    cols = list(zip(*rows))
+    return [statistics.mean(v for v in c if v is not None) if any(v is not None for v in c) else None for c in cols]
