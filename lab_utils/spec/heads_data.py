@@ -16,7 +16,7 @@ import hashlib
 import json
 import random
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import torch
@@ -57,10 +57,38 @@ class DataSpec:
     heldout_chat: int = 16
     heldout_play: int = 6
     seed: int = 0
+    task_prompts: int = 0            # "copy this passage" / "edit this code" prompts (the target copies its input)
+    heldout_task: int = 4
 
     def key(self) -> str:
-        blob = json.dumps({**asdict(self), "v": DATA_VERSION}, sort_keys=True).encode()
+        d = asdict(self)
+        if not d["task_prompts"]:  # data sets built before task prompts existed keep their names
+            del d["task_prompts"], d["heldout_task"]
+        blob = json.dumps({**d, "v": DATA_VERSION}, sort_keys=True).encode()
         return hashlib.sha1(blob).hexdigest()[:12]
+
+
+CODE_TRAIN = (
+    "def fib(n):\n    a, b = 0, 1\n    for _ in range(n):\n        a, b = b, a + b\n    return a",
+    "def is_palindrome(s):\n    s = ''.join(c.lower() for c in s if c.isalnum())\n    return s == s[::-1]",
+    "def flatten(items):\n    out = []\n    for x in items:\n        if isinstance(x, list):\n"
+    "            out.extend(flatten(x))\n        else:\n            out.append(x)\n    return out",
+    "def chunks(xs, size):\n    return [xs[i:i + size] for i in range(0, len(xs), size)]",
+    "def gcd(a, b):\n    while b:\n        a, b = b, a % b\n    return a",
+    "def to_celsius(f):\n    return (f - 32) * 5 / 9",
+    "def count_vowels(text):\n    total = 0\n    for ch in text.lower():\n        if ch in 'aeiou':\n"
+    "            total += 1\n    return total",
+    "def dedupe(xs):\n    seen = set()\n    out = []\n    for x in xs:\n        if x not in seen:\n"
+    "            seen.add(x)\n            out.append(x)\n    return out",
+)
+CODE_HELDOUT = (
+    "def clamp(x, lo, hi):\n    if x < lo:\n        return lo\n    if x > hi:\n        return hi\n    return x",
+    "def transpose(m):\n    return [list(row) for row in zip(*m)]",
+)
+CODE_EDITS = ("Add a docstring to this function.", "Rename the variables to longer names.",
+              "Add type hints.", "Rewrite it with a comment on each line.")
+QUOTE_TEMPLATES = ("Repeat this passage exactly:\n\n{p}", "Copy the following lines word for word.\n\n{p}",
+                   "Here is a passage:\n\n{p}\n\nWrite it out again.")
 
 
 @dataclass
@@ -219,6 +247,31 @@ def target_features(model, seqs: list[list[int]], batch_tokens: int = 2048) -> l
     return res
 
 
+def _task_prompts(tokenizer, text: str, codes, n: int, seed: int) -> list[list[int]]:
+    """Prompts whose answer copies the prompt: Shakespeare passages to repeat, small functions to edit."""
+    rng = random.Random(seed)
+    ids = tokenizer.encode(text[: 400_000], add_special_tokens=False)
+    out = []
+    for i in range(n):
+        if i % 2 == 0:
+            a = rng.randrange(0, len(ids) - 80)
+            out.append(_chat(tokenizer, rng.choice(QUOTE_TEMPLATES).format(p=tokenizer.decode(ids[a: a + 80]))))
+        else:
+            out.append(_chat(tokenizer, f"{rng.choice(CODE_EDITS)} Output only the code.\n\n{rng.choice(codes)}"))
+    return out
+
+
+def _save(out: dict[str, list[Sequence]], path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    torch.save({k: [vars(s) for s in v] for k, v in out.items()}, tmp)
+    tmp.replace(path)
+
+
+def _eos(tokenizer) -> set[int]:
+    return {tokenizer.eos_token_id} | set(tokenizer.convert_tokens_to_ids(["<|im_end|>", "<|endoftext|>"]))
+
+
 def build(spec: DataSpec, model=None, tokenizer=None, log=print) -> dict[str, list[Sequence]]:
     """{"train": [...], "heldout": [...]}: builds (minutes) or loads the cached data set."""
     path = cache_dir() / "spec_heads" / f"data-{spec.key()}.pt"
@@ -229,10 +282,22 @@ def build(spec: DataSpec, model=None, tokenizer=None, log=print) -> dict[str, li
         from lab_utils.models.loader import load_model
 
         model, tokenizer = load_model(spec.model, device="cpu", dtype=torch.float32)
+    if spec.task_prompts:  # the base set (cached or built), then the task prompts generated on their own
+        out = build(replace(spec, task_prompts=0), model, tokenizer, log)
+        t0 = time.time()
+        train_text, held_text = _plays()
+        for split, items in (("train", _task_prompts(tokenizer, train_text, CODE_TRAIN, spec.task_prompts, spec.seed)),
+                             ("heldout", _task_prompts(tokenizer, held_text, CODE_HELDOUT, spec.heldout_task,
+                                                       spec.seed + 1))):
+            got = generate_with_features(model, items, spec.max_new_tokens, _eos(tokenizer))
+            out[split] += [Sequence(torch.tensor(ids), h, g, "task") for ids, h, g in got]
+            log(f"[data] {split}: {len(got)} task continuations ({time.time() - t0:.0f} s)")
+        _save(out, path)
+        return out
     t0 = time.time()
     train_docs, held_docs = _wiki_docs(spec.seed)
     train_text, held_text = _plays()
-    eos = {tokenizer.eos_token_id} | set(tokenizer.convert_tokens_to_ids(["<|im_end|>", "<|endoftext|>"]))
+    eos = _eos(tokenizer)
     gen = {
         "train": [(p, "chat") for p in _chat_prompts(tokenizer, train_docs, spec.chat_prompts, spec.seed)]
         + [(p, "play") for p in _play_prompts(tokenizer, train_text, spec.play_prompts, 64, spec.seed)],
@@ -253,10 +318,7 @@ def build(spec: DataSpec, model=None, tokenizer=None, log=print) -> dict[str, li
     out["train"] += [Sequence(torch.tensor(s), h, g, "wiki" if i < half else "shakespeare")
                      for i, (s, (h, g)) in enumerate(zip(plain, feats))]
     log(f"[data] plain text: {sum(map(len, plain))} tokens ({time.time() - t0:.0f} s)")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    torch.save({k: [vars(s) for s in v] for k, v in out.items()}, tmp)
-    tmp.replace(path)
+    _save(out, path)
     return out
 
 

@@ -122,7 +122,7 @@ def train_medusa(heads: MedusaHeads, target, seqs: list[Sequence], steps: int, b
         out.losses.append(loss.item())
         out.steps, out.positions, out.seconds = step + 1, out.positions + batch, time.time() - t0
         if step % log_every == 0 or step == steps - 1:
-            log(f"[medusa] step {step} loss {float(loss):.3f} per-head {[round(x, 2) for x in per]} "
+            log(f"[medusa] step {step} loss {loss.item():.3f} per-head {[round(x, 2) for x in per]} "
                 f"({out.seconds:.0f} s)")
         if out.seconds > max_seconds:
             log(f"[medusa] time budget reached after {step + 1} steps")
@@ -217,7 +217,7 @@ def train_eagle(head: EagleHead, target, seqs: list[Sequence], steps: int, batch
         out.losses.append(loss.item())
         out.steps, out.positions, out.seconds = step + 1, out.positions + batch * length, time.time() - t0
         if step % log_every == 0 or step == steps - 1:
-            log(f"[eagle] step {step} loss {float(loss):.3f} {({k: round(v, 3) for k, v in parts.items()})} "
+            log(f"[eagle] step {step} loss {loss.item():.3f} {({k: round(v, 3) for k, v in parts.items()})} "
                 f"width {width} ({out.seconds:.0f} s)")
         if out.seconds > max_seconds:
             log(f"[eagle] time budget reached after {step + 1} steps")
