@@ -70,7 +70,7 @@ def main(argv: list[str] | None = None) -> dict:
         batches = [prompts[i * bs:(i + 1) * bs] for i in range(a.num_prompts)]
         print(f"batch size {bs}: {len(batches)} batches x {len(engines)} methods x {a.rounds} rounds", flush=True)
         summary = compare(engines, batches, params, rounds=a.rounds, progress=show)
-        result["by_batch_size"][str(bs)] = summary
+        result["by_batch_size"][str(bs)] = {n: {k: v for k, v in s.items() if k != "outputs"} for n, s in summary.items()}
         for name, s in summary.items():
             sp, acc, tps = s["median_speedup"], s["acceptance_rate"], s["mean_tokens_per_verify_step"]
             print(f"  => {name:7s} speed-up {sp:.2f}x  acceptance {'-' if acc is None else f'{acc:.2f}'}  "

@@ -8,22 +8,38 @@ from __future__ import annotations
 import statistics
 import time
 
+import torch
+
 from lab_utils.engine.config import EngineConfig, SpecConfig
 from lab_utils.engine.engine import LLMEngine
 from lab_utils.engine.sampling_params import SamplingParams
 from lab_utils.spec.engine_hook import SpecStats
 
 
-def build_engines(model_tok, methods: dict[str, SpecConfig | None], **engine_kw) -> dict[str, LLMEngine]:
+def build_engines(model_tok, methods: dict[str, SpecConfig | None], device: str = "cpu",
+                  **engine_kw) -> dict[str, LLMEngine]:
     """{name: engine}; a method whose proposer cannot be built (e.g. heads not trained yet) is left out."""
     engines = {}
     kw = dict(kv_cache_memory_bytes=64 << 20, enable_prefix_caching=False) | engine_kw
     for name, spec in methods.items():
         try:
-            engines[name] = LLMEngine(model_tok, EngineConfig(speculative=spec, **kw), device="cpu")
-        except ValueError as e:
+            engines[name] = LLMEngine(model_tok, EngineConfig(speculative=spec, **kw), device=device)
+        except (ValueError, OSError) as e:
             print(f"[spec] skipping {name}: {e}")
     return engines
+
+
+@torch.inference_mode()
+def divergence_gap(model, prompt_ids: list[int], a: list[int], b: list[int]) -> float | None:
+    """None if the greedy outputs a and b are identical; else the target's top-2 logit gap at the first token
+    where they differ (a near-tie, ~1e-4, means float rounding of a k+1-row vs a 1-row forward flipped an
+    argmax; a large gap would mean a real bug)."""
+    i = next((j for j, (x, y) in enumerate(zip(a, b)) if x != y), None)
+    if i is None:
+        return None if len(a) == len(b) else float("inf")
+    ids = torch.tensor([prompt_ids + a[:i]], device=model.device)
+    top2 = model(ids)[0, -1].float().topk(2).values
+    return float(top2[0] - top2[1])
 
 
 def run_once(engine: LLMEngine, prompts: list, params: SamplingParams) -> dict:
@@ -76,6 +92,7 @@ def compare(engines: dict[str, LLMEngine], prompt_batches: list[list], params: S
             "mean_tokens_per_verify_step": (sum(acc) + sum(steps)) / sum(steps) if steps else None,
             "acceptance_per_position": _per_position(runs[name]),
             "runs": [{k: v for k, v in x.items() if k != "token_ids"} for x in runs[name]],
+            "outputs": [(x["batch"], x["round"], x["token_ids"]) for x in runs[name]],  # for divergence checks
         }
     return out
 
