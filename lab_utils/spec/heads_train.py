@@ -24,6 +24,8 @@ class TrainLog:
     positions: int = 0           # training positions seen (a position = one hidden state and its labels)
     seconds: float = 0.0
     losses: list[float] = field(default_factory=list)   # per step
+    val: list[tuple[int, float]] = field(default_factory=list)  # (step, validation score) at each check
+    best_step: int | None = None                         # the step whose weights were kept
 
     def mean(self, first: bool, n: int = 20) -> float:
         xs = self.losses[:n] if first else self.losses[-n:]
@@ -58,6 +60,32 @@ def subset_ce(feats: torch.Tensor, lm_weight: torch.Tensor, labels: torch.Tensor
     rows, remap = sub
     lab = torch.where(labels >= 0, remap[labels.clamp(min=0)], labels)
     return F.cross_entropy(feats @ lm_weight[rows].T, lab, ignore_index=-100)
+
+
+class KeepBest:
+    """Early stopping on a validation split (never the held-out set): every `every_s` seconds score the module,
+    keep a copy of the best weights, and put them back at the end. Small data overfits fast on a CPU budget."""
+
+    def __init__(self, module: torch.nn.Module, score_fn, every_s: float, log, tag: str) -> None:
+        self.module, self.score_fn, self.every_s, self.log, self.tag = module, score_fn, every_s, log, tag
+        self.best, self.state, self.next_t = float("-inf"), None, every_s
+
+    def check(self, out: TrainLog, force: bool = False) -> None:
+        if self.score_fn is None or (not force and out.seconds < self.next_t):
+            return
+        self.next_t = out.seconds + self.every_s
+        self.module.eval()
+        score = float(self.score_fn())
+        self.module.train()
+        out.val.append((out.steps, round(score, 4)))
+        if score > self.best:
+            self.best, out.best_step = score, out.steps
+            self.state = {k: v.detach().clone() for k, v in self.module.state_dict().items()}
+        self.log(f"[{self.tag}] validation {score:.3f} at step {out.steps} (best {self.best:.3f} at {out.best_step})")
+
+    def restore(self) -> None:
+        if self.state is not None:
+            self.module.load_state_dict(self.state)
 
 
 def _lr(step: int, total: int, base: float, elapsed: float = 0.0, max_seconds: float = 1e9,
@@ -99,10 +127,14 @@ def medusa_loss(heads: MedusaHeads, lm_head, h: torch.Tensor, labels: torch.Tens
 
 def train_medusa(heads: MedusaHeads, target, seqs: list[Sequence], steps: int, batch: int = 256, lr: float = 1e-3,
                  max_seconds: float = 1e9, seed: int = 0, log=print, log_every: int = 10,
-                 sampled_vocab: int | None = None) -> TrainLog:
-    """`sampled_vocab`: None = full-vocabulary CE; n = label tokens + n random others per step (VocabSubset)."""
+                 sampled_vocab: int | None = None, val: list[Sequence] | None = None,
+                 val_every_s: float = 120.0) -> TrainLog:
+    """`sampled_vocab`: None = full-vocabulary CE; n = label tokens + n random others per step (VocabSubset).
+    `val`: sequences for early stopping (mean accepted length of the chain), checked every `val_every_s`."""
     g = torch.Generator().manual_seed(seed)
     H, L = medusa_table(seqs, heads.num_heads)
+    keep = KeepBest(heads, (lambda: eval_medusa(heads, target, val, limit=200)["mean_accepted"]) if val else None,
+                    val_every_s, log, "medusa")
     vs = VocabSubset(L, target.config.vocab_size, sampled_vocab) if sampled_vocab is not None else None
     if vs is not None:
         log(f"[medusa] sampled softmax over {len(vs.always)} label tokens + {sampled_vocab} random others")
@@ -124,9 +156,12 @@ def train_medusa(heads: MedusaHeads, target, seqs: list[Sequence], steps: int, b
         if step % log_every == 0 or step == steps - 1:
             log(f"[medusa] step {step} loss {loss.item():.3f} per-head {[round(x, 2) for x in per]} "
                 f"({out.seconds:.0f} s)")
+        keep.check(out)
         if out.seconds > max_seconds:
             log(f"[medusa] time budget reached after {step + 1} steps")
             break
+    keep.check(out, force=True)
+    keep.restore()
     heads.eval()
     return out
 
@@ -192,16 +227,20 @@ def init_eagle(head: EagleHead) -> EagleHead:
 def train_eagle(head: EagleHead, target, seqs: list[Sequence], steps: int, batch: int = 8, length: int = 32,
                 lr: float = 1e-3, ce_weight: float = 0.5, noise: float = 0.2, unroll: bool = True,
                 max_seconds: float = 1e9, seed: int = 0, log=print, log_every: int = 10,
-                sampled_vocab: int | None = None) -> TrainLog:
-    """`sampled_vocab`: None = full-vocabulary CE; n = label tokens + n random others per step (VocabSubset)."""
+                sampled_vocab: int | None = None, val: list[Sequence] | None = None,
+                val_every_s: float = 120.0, weight_decay: float = 0.0) -> TrainLog:
+    """`sampled_vocab`: None = full-vocabulary CE; n = label tokens + n random others per step (VocabSubset).
+    `val`: sequences for early stopping (mean accepted length, 4 draft steps), checked every `val_every_s`."""
     g = torch.Generator().manual_seed(seed)
+    keep = KeepBest(head, (lambda: eval_eagle(head, target, val, 4, n_rows=head.window, limit=200)["mean_accepted"])
+                    if val else None, val_every_s, log, "eagle")
     vs = None
     if sampled_vocab is not None:
         vs = VocabSubset(torch.cat([s.greedy for s in seqs]), target.config.vocab_size, sampled_vocab)
         log(f"[eagle] sampled softmax over {len(vs.always)} label tokens + {sampled_vocab} random others")
     for p in target.parameters():
         p.requires_grad_(False)
-    opt = torch.optim.AdamW([p for p in head.parameters() if p.requires_grad], lr=lr, weight_decay=0.0)
+    opt = torch.optim.AdamW([p for p in head.parameters() if p.requires_grad], lr=lr, weight_decay=weight_decay)
     out, t0 = TrainLog(), time.time()
     head.train()
     for step in range(steps):
@@ -219,9 +258,12 @@ def train_eagle(head: EagleHead, target, seqs: list[Sequence], steps: int, batch
         if step % log_every == 0 or step == steps - 1:
             log(f"[eagle] step {step} loss {loss.item():.3f} {({k: round(v, 3) for k, v in parts.items()})} "
                 f"width {width} ({out.seconds:.0f} s)")
+        keep.check(out)
         if out.seconds > max_seconds:
             log(f"[eagle] time budget reached after {step + 1} steps")
             break
+    keep.check(out, force=True)
+    keep.restore()
     head.eval()
     return out
 

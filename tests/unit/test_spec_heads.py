@@ -13,7 +13,13 @@ from lab_utils.models.llama import LlamaConfig
 from lab_utils.paths import DATA_DIR
 from lab_utils.spec.eagle import EagleHead, EagleProposer, eagle_config_for, load_eagle
 from lab_utils.spec.heads_data import _chat, generate_with_features
-from lab_utils.spec.heads_train import eval_eagle, eval_medusa, init_eagle, train_eagle, train_medusa
+from lab_utils.spec.heads_train import (
+    eval_eagle,
+    eval_medusa,
+    init_eagle,
+    train_eagle,
+    train_medusa,
+)
 from lab_utils.spec.medusa import MedusaHeads, MedusaProposer, load_medusa
 
 TINY = LlamaConfig(vocab_size=100, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4,
@@ -60,8 +66,9 @@ def test_shipped_heads_are_small_and_carry_no_lm_head(name, config_name):
     assert not (folder / "config.json").exists()  # the model registry must not take it for a full model
     assert "Reproduce" in (folder / "README.md").read_text()
     with safe_open(str(folder / "model.safetensors"), "pt") as f:
-        shapes = {k: f.get_slice(k).get_shape() for k in f.keys()}
-        dtypes = {f.get_tensor(k).dtype for k in f.keys()}
+        names = list(f.keys())
+        shapes = {k: f.get_slice(k).get_shape() for k in names}
+        dtypes = {f.get_tensor(k).dtype for k in names}
     assert dtypes == {torch.float16}
     assert all(49152 not in s for s in shapes.values())  # the tied embedding / lm_head is the target's
     heads = load_medusa() if "medusa" in name else load_eagle()
