@@ -4,8 +4,9 @@ EAGLE, side by side on the same prompts, alternating order, medians.
     python benchmarks/spec_decode.py --workload quote --num-prompts 3 --max-tokens 96 --json out.json
     python benchmarks/spec_decode.py --workload chat --methods none draft --batch-sizes 1 2 4 8
 
-Speed-up = (baseline wall time / method wall time) per prompt batch, median over batches and rounds; greedy
-outputs are compared token by token with the baseline (they should be identical).
+Speed-up = (baseline wall time / method wall time) per prompt batch, median over batches and rounds, and for
+the whole workload (sum of baseline wall times / sum of the method's); greedy outputs are compared token by
+token with the baseline (they should be identical).
 """
 from __future__ import annotations
 
@@ -22,17 +23,20 @@ from lab_utils.spec.measure import build_engines, compare
 from lab_utils.spec.workloads import WORKLOADS, make_prompts
 
 
-def method_configs(methods: list[str], k: int, draft: str | None, lookup_min: int, lookup_max: int) -> dict:
+def method_configs(methods: list[str], ks: list[int], draft: str | None, lookup_min: int, lookup_max: int) -> dict:
+    """{"none": None, "ngram k=4": SpecConfig(...), ...}: every method at every k."""
     cfgs = {}
     for m in methods:
         if m == "none":
             cfgs[m] = None
-        elif m == "ngram":
-            cfgs[m] = SpecConfig("ngram", k, prompt_lookup_min=lookup_min, prompt_lookup_max=lookup_max)
-        elif m == "draft":
-            cfgs[m] = SpecConfig("draft", k, model=draft)
-        else:
-            cfgs[m] = SpecConfig(m, k)
+            continue
+        for k in ks:
+            if m == "ngram":
+                cfgs[f"{m} k={k}"] = SpecConfig("ngram", k, prompt_lookup_min=lookup_min, prompt_lookup_max=lookup_max)
+            elif m == "draft":
+                cfgs[f"{m} k={k}"] = SpecConfig("draft", k, model=draft)
+            else:
+                cfgs[f"{m} k={k}"] = SpecConfig(m, k)
     return cfgs
 
 
@@ -41,7 +45,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--model", default="smollm2-135m")
     ap.add_argument("--workload", default="quote", choices=sorted(WORKLOADS))
     ap.add_argument("--methods", nargs="+", default=["none", "ngram", "draft", "medusa", "eagle"])
-    ap.add_argument("--k", type=int, default=4, help="num_speculative_tokens")
+    ap.add_argument("--k", nargs="+", type=int, default=[4], help="num_speculative_tokens (several: one column each)")
     ap.add_argument("--draft", default=None, help="draft model (default data/models/smollm2-draft)")
     ap.add_argument("--lookup-min", type=int, default=2)
     ap.add_argument("--lookup-max", type=int, default=5)
@@ -62,7 +66,7 @@ def main(argv: list[str] | None = None) -> dict:
 
     def show(name, run):
         acc = run.get("spec_acceptance_rate")
-        print(f"  b={len(run['token_ids'])} {name:7s} {run['wall_s']:6.2f}s {run['tokens']:4d} tok "
+        print(f"  b={len(run['token_ids'])} {name:10s} {run['wall_s']:6.2f}s {run['tokens']:4d} tok "
               f"acc={'-' if acc is None else f'{acc:.2f}'}", flush=True)
 
     for bs in a.batch_sizes:
@@ -73,7 +77,7 @@ def main(argv: list[str] | None = None) -> dict:
         result["by_batch_size"][str(bs)] = {n: {k: v for k, v in s.items() if k != "outputs"} for n, s in summary.items()}
         for name, s in summary.items():
             sp, acc, tps = s["median_speedup"], s["acceptance_rate"], s["mean_tokens_per_verify_step"]
-            print(f"  => {name:7s} speed-up {sp:.2f}x  acceptance {'-' if acc is None else f'{acc:.2f}'}  "
+            print(f"  => {name:10s} speed-up {sp:.2f}x (median per prompt), {s['total_wall_speedup']:.2f}x (total wall)  acceptance {'-' if acc is None else f'{acc:.2f}'}  "
                   f"tokens/verify {'-' if tps is None else f'{tps:.2f}'}  identical={s['greedy_identical']}")
     if a.json:
         with open(a.json, "w") as f:

@@ -86,6 +86,9 @@ def compare(engines: dict[str, LLMEngine], prompt_batches: list[list], params: S
             "median_wall_s": statistics.median(x["wall_s"] for x in runs[name]),
             "median_tokens_per_s": statistics.median(x["tokens_per_s"] for x in runs[name]),
             "median_speedup": statistics.median(speedups) if speedups else None,
+            # the workload's wall time: all batches' time without speculation / all batches' time with it
+            "total_wall_speedup": (sum(x["wall_s"] for x in runs[baseline]) / sum(x["wall_s"] for x in runs[name])
+                                   if baseline in runs else None),
             "speedups": speedups,
             "greedy_identical": all(same) if same else None,
             "acceptance_rate": sum(acc) / sum(prop) if prop else None,
