@@ -27,7 +27,7 @@ OUT_DIR = DATA_DIR / "models" / "smollm2-draft"
 # teacher sequences at every evaluation)
 COMMAND = """export PYTHONPATH=$PWD OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1
 python scripts/train_draft.py --stage teacher --minutes 18        # held-out targets, then training targets
-python scripts/train_draft.py --stage teacher --minutes 35 &      # resumes: more training targets, meanwhile
+python scripts/train_draft.py --stage teacher --minutes 29 &      # resumes: more training targets, meanwhile
 python scripts/train_draft.py --stage train --minutes 40 --eval-every 50"""
 
 

@@ -177,7 +177,8 @@ def run_cli(args, targets_path: Path, out_dir: Path, teacher_name: str) -> dict:
         prompts = make_prompts(tok, 8, "train", seed=args.seed)
         train_rec = generate_targets(teacher, [p.ids for p in prompts], 16, top_k=16, batch=8)
         val_rec = test_rec = train_rec
-        steps, deadline, out_dir = 30, None, None
+        steps, deadline, out_dir = 20, None, None
+        args.train_batch, args.raw_per_batch = 4, min(args.raw_per_batch, 1)
         print(f"[smoke] {len(train_rec)} teacher sequences in {time.time() - t0:.0f}s", flush=True)
     else:
         recs, meta = load_targets(targets_path)
@@ -212,7 +213,7 @@ def run_cli(args, targets_path: Path, out_dir: Path, teacher_name: str) -> dict:
     if args.raw_per_batch:
         from lab_utils.distill.data import raw_records
 
-        raw_rec = raw_records(tok, 32 if args.smoke else args.raw_texts, train_rec[0]["topk_idx"].shape[1], seed=args.seed)
+        raw_rec = raw_records(tok, 16 if args.smoke else args.raw_texts, train_rec[0]["topk_idx"].shape[1], seed=args.seed)
     log = train(student, train_rec, val_rec, steps=steps, batch=args.train_batch, lr=args.lr, T=args.temperature,
                 raw_rec=raw_rec, raw_per_batch=args.raw_per_batch,
                 alpha=args.alpha, seed=args.seed, eval_every=args.eval_every if not args.smoke else 10,
