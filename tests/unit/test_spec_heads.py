@@ -101,6 +101,25 @@ def test_proposer_returns_k_valid_tokens_and_distributions(smollm2, cls, method)
         prop.propose(ids, 3, None)
 
 
+def test_eagle_keeps_a_requests_rows_across_calls(smollm2):
+    """Two calls that hand over 1 then 2 new rows see the same context as one call given all 3 rows."""
+    model, tok = smollm2
+    ids = _chat(tok, "Write a haiku about the sea.")
+    L = len(ids)
+    hidden = model.hidden_states(torch.tensor([ids]))[0].detach()
+    with_history = EagleProposer(SpecConfig("eagle", 3), model, "cpu")
+    with_history.request_id = "r1"
+    with_history.propose(ids[: L - 2], 3, hidden[L - 4: L - 3])       # row of position L-4
+    got = with_history.propose(ids, 3, hidden[L - 3: L - 1])           # rows of positions L-3, L-2
+    fresh = EagleProposer(SpecConfig("eagle", 3), model, "cpu")
+    want = fresh.propose(ids, 3, hidden[L - 4: L - 1])
+    assert got.token_ids == want.token_ids
+    start, rows = with_history.history["r1"]
+    assert start == L - 4 and rows.shape[0] == 3
+    with_history.release("r1")
+    assert "r1" not in with_history.history
+
+
 def test_heads_reject_a_target_of_another_width(tiny64):
     with pytest.raises(ValueError, match="hidden size"):
         MedusaProposer(SpecConfig("medusa", 3), tiny64[0], "cpu")
