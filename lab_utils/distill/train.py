@@ -275,19 +275,24 @@ from SmolLM2-135M-Instruct (the teacher and the target it drafts for). Llama arc
 - **Targets** (sequence-level + token-level KD): the teacher's greedy continuation of each prompt (up to 64 new
   tokens, ending at EOS) and its top-32 logits at every position. {summary['train_sequences']} training sequences,
   {summary['train_tokens']:,} tokens.
+- **Plain text**: {cfg.get('raw_per_batch', 0)} of the {cfg['batch']} sequences of every step are 96-token windows of
+  training-split Wikipedia summaries and plays (from {cfg.get('raw_texts', 0)}), with the true next token as a
+  one-hot target (cross-entropy; costs no teacher time).
 - **Loss**: {cfg['alpha']} x T^2 x KL(teacher_T || student_T) over the teacher's top-32 (T = {cfg['T']}) +
-  {1 - cfg['alpha']:.1f} x cross-entropy on the sequence's next token (= the teacher's greedy token on generated positions).
+  {1 - cfg['alpha']:.1f} x cross-entropy on the sequence's next token (= the teacher's greedy token on generated
+  positions), on the positions that predict generated (or plain-text) tokens.
 - **Optimiser**: AdamW (0.9, 0.98), peak LR {cfg['lr']}, 50 warm-up steps then cosine to 10% following the wall
   budget, {cfg['batch']} sequences per step, gradient clip 1.0; checkpoint = the best validation agreement.
 - **Run**: {summary['steps']} steps, {summary['tokens_seen']:,} tokens seen, {summary['seconds'] / 60:.0f} min on a
   2-core x86_64 CPU VM shared with other jobs (one thread), torch {torch.__version__}; best step {summary['best_step']}.
-- **Final loss** (training, EMA): {summary['final_loss_ema']:.3f} (first step {summary['first_loss']:.3f});
+- **Final loss** (training batches, teacher and plain text together, EMA): {summary['final_loss_ema']:.3f} (first
+  step {summary['first_loss']:.3f});
   held-out KD loss (T = 1, generated positions): {summary['test_kd_loss']:.3f}.
 
 ## How well it imitates the teacher
 
 Greedy next-token (top-1) agreement with the teacher on held-out prompts' teacher continuations (what a greedy
-draft's acceptance rate approximates), {len(summary['test_by_position'])} positions deep:
+draft's acceptance rate approximates), over up to 64 generated tokens per prompt:
 
 | | agreement |
 |---|---|
@@ -297,6 +302,11 @@ draft's acceptance rate approximates), {len(summary['test_by_position'])} positi
 | same architecture, PCA-initialised, untrained | {summary['init_test_agreement']:.1%} |
 
 `train_log.json` holds the loss curve, validation agreement over training and agreement by position.
+
+**Limits.** This is a small run: the machine gave the training process about a seventh of one core, so it saw
+{summary['tokens_seen']:,} target tokens, and validation agreement was still rising at the last step. The aim of
+>= 50% agreement was not reached; more teacher sequences and more steps (same command, larger `--minutes`, on a
+quiet machine or a GPU) are the way there.
 
 ## Reproduce
 
