@@ -46,8 +46,8 @@ class Proposer(ABC):
         proposer that samples must return `probs` = the distribution it sampled each guess from (at that
         temperature), so the verifier can keep the output distribution exact; greedy guesses may return None."""
 
-    def on_accept(self, request_id: str, num_accepted: int) -> None:  # noqa: B027 - optional hook
+    def on_accept(self, request_id: str, num_accepted: int) -> None:
         """Called after verification: `num_accepted` of the last proposal's tokens were kept."""
 
-    def release(self, request_id: str) -> None:  # noqa: B027 - optional hook
+    def release(self, request_id: str) -> None:
         """The request ended (finished, aborted, preempted): free any per-request state."""

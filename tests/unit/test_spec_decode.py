@@ -13,7 +13,11 @@ from lab_utils.engine.config import SpecConfig
 from lab_utils.spec import make_proposer, verify
 from lab_utils.spec.draft import DraftModelProposer
 from lab_utils.spec.ngram import prompt_lookup
-from lab_utils.spec.verify import expected_tokens_per_step, verify_greedy, verify_sampling
+from lab_utils.spec.verify import (
+    expected_tokens_per_step,
+    verify_greedy,
+    verify_sampling,
+)
 
 CHI2_CRIT_DF5_P001 = 20.515  # chi-square critical value, 5 degrees of freedom, p = 0.001
 
