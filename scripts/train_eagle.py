@@ -21,7 +21,7 @@ import torch
 from lab_utils.models.loader import load_model
 from lab_utils.paths import DATA_DIR
 from lab_utils.spec.eagle import CONFIG_NAME, EagleHead, eagle_config_for, load_eagle
-from lab_utils.spec.heads_data import DataSpec, build, num_tokens, split_validation
+from lab_utils.spec.heads_data import DataSpec, build, generation_starts, num_tokens, split_validation
 from lab_utils.spec.heads_train import eval_eagle, init_eagle, train_eagle
 from lab_utils.spec.medusa import save_heads
 
@@ -30,7 +30,7 @@ SMOKE_DATA = DataSpec(chat_prompts=4, play_prompts=2, max_new_tokens=24, corpus_
 K = 4   # draft steps evaluated
 
 
-def main(argv: list[str] | None = None) -> dict:
+def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--steps", type=int, default=600)
     ap.add_argument("--batch", type=int, default=8, help="crops per step")
@@ -48,7 +48,11 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--val-every", type=float, default=2.0, help="minutes between validation checks (early stopping)")
     ap.add_argument("--smoke", action="store_true")
     ap.add_argument("--seed", type=int, default=0)
-    args = ap.parse_args(argv)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> dict:
+    args = build_parser().parse_args(argv)
     torch.manual_seed(args.seed)
     spec = SMOKE_DATA if args.smoke else DataSpec(task_prompts=args.task_prompts)
     if args.smoke:
@@ -57,16 +61,17 @@ def main(argv: list[str] | None = None) -> dict:
     target, tok = load_model(spec.model, device="cpu", dtype=torch.float32)
     data = build(spec, target, tok)
     train, val = split_validation(data["train"])
+    starts = generation_starts(data["heldout"], tok)   # score generated positions only
     print(f"data: {len(data['train'])} train sequences ({num_tokens(data['train'])} tokens), "
           f"{len(data['heldout'])} held out ({num_tokens(data['heldout'])} tokens) [{time.time() - t0:.0f} s]")
     head = init_eagle(EagleHead(eagle_config_for(target.config), args.window))
-    before = eval_eagle(head, target, data["heldout"], K, n_rows=1)
+    before = eval_eagle(head, target, data["heldout"], K, n_rows=1, starts=starts)
     print("held-out before training (n_rows=1):", before)
     log = train_eagle(head, target, train, args.steps, args.batch, args.length, args.lr, args.ce_weight,
                       max_seconds=args.max_minutes * 60, seed=args.seed, log_every=5 if args.smoke else 10,
                       sampled_vocab=args.sampled_vocab or None, val=val, val_every_s=args.val_every * 60,
                       weight_decay=args.weight_decay)
-    after = {n: eval_eagle(head, target, data["heldout"], K, n_rows=n) for n in (1, args.window)}
+    after = {n: eval_eagle(head, target, data["heldout"], K, n_rows=n, starts=starts) for n in (1, args.window)}
     for n, r in after.items():
         print(f"held-out after training (n_rows={n}):", r)
     print(f"loss: first {log.mean(True, 5):.3f} -> last {log.mean(False, 5):.3f}")
@@ -132,8 +137,8 @@ registry does not mistake this folder for a full model).
 - Loss (mean of first / last 20 steps): {r['loss_first']:.3f} -> {r['loss_last']:.3f}.
 
 ## Held-out agreement with the target's greedy continuation
-Held out: every 10th Wikipedia article's prompts and The Tempest ({d['heldout_tokens']:,} tokens); {a1['positions']} positions
-where the target's greedy continuation is known. Draft step s is correct when it equals the target's greedy token;
+Held out: prompts about every 10th Wikipedia article, The Tempest, and task prompts on two other functions ({d['heldout_tokens']:,} tokens); {a1['positions']} positions
+in the target's generated answers (not the prompts) where its greedy continuation is known. Draft step s is correct when it equals the target's greedy token;
 conditional = the same among positions where steps 0..s-1 were all right (what chain verification accepts);
 n = true feature rows the head sees (1: right after a prefill; {cfg['window']}: a running request, whose recent rows the
 proposer keeps).
@@ -145,12 +150,29 @@ proposer keeps).
 Mean accepted draft tokens per step (chain of {K}): {b['mean_accepted']:.2f} untrained -> **{a1['mean_accepted']:.2f}** (n=1),
 **{a3['mean_accepted']:.2f}** (n={cfg['window']}) trained.
 
-## Reproduce
+{engine_section(r)}## Reproduce
 ```bash
 {r['command']}
 ```
 """
     (folder / "README.md").write_text(text)
+
+
+def engine_section(r: dict) -> str:
+    """Acceptance measured in the engine (added to train_result.json by a separate run, if any)."""
+    e = r.get("engine")
+    if not e:
+        return ""
+    rows = "\n".join(f"| {w} | {v['acc']:.3f} | {', '.join(f'{x:.2f}' for x in v['per_pos'])} | {v['tokens_per_step']:.2f} "
+                     f"| {v['identical']} |" for w, v in e["workloads"].items())
+    return f"""## In the engine
+{e['note']}
+
+| workload | acceptance | per position | tokens per verify step | greedy output identical |
+|---|---|---|---|---|
+{rows}
+
+"""
 
 
 if __name__ == "__main__":

@@ -20,7 +20,7 @@ import torch
 
 from lab_utils.models.loader import load_model
 from lab_utils.paths import DATA_DIR
-from lab_utils.spec.heads_data import DataSpec, build, num_tokens, split_validation
+from lab_utils.spec.heads_data import DataSpec, build, generation_starts, num_tokens, split_validation
 from lab_utils.spec.heads_train import eval_medusa, train_medusa
 from lab_utils.spec.medusa import CONFIG_NAME, MedusaHeads, load_medusa, save_heads
 
@@ -28,7 +28,7 @@ SMOKE_DATA = DataSpec(chat_prompts=4, play_prompts=2, max_new_tokens=24, corpus_
                       heldout_play=1)
 
 
-def main(argv: list[str] | None = None) -> dict:
+def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--heads", type=int, default=4)
     ap.add_argument("--steps", type=int, default=400)
@@ -43,7 +43,11 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--val-every", type=float, default=2.0, help="minutes between validation checks (early stopping)")
     ap.add_argument("--smoke", action="store_true")
     ap.add_argument("--seed", type=int, default=0)
-    args = ap.parse_args(argv)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> dict:
+    args = build_parser().parse_args(argv)
     torch.manual_seed(args.seed)
     spec = SMOKE_DATA if args.smoke else DataSpec(task_prompts=args.task_prompts)
     if args.smoke:
@@ -52,15 +56,16 @@ def main(argv: list[str] | None = None) -> dict:
     target, tok = load_model(spec.model, device="cpu", dtype=torch.float32)
     data = build(spec, target, tok)
     train, val = split_validation(data["train"])
+    starts = generation_starts(data["heldout"], tok)   # score generated positions only
     print(f"data: {len(data['train'])} train sequences ({num_tokens(data['train'])} tokens), "
           f"{len(data['heldout'])} held out ({num_tokens(data['heldout'])} tokens) [{time.time() - t0:.0f} s]")
     heads = MedusaHeads(target.config.hidden_size, args.heads)
-    before = eval_medusa(heads, target, data["heldout"])           # untrained = the target's own next-token guess
+    before = eval_medusa(heads, target, data["heldout"], starts=starts)  # untrained = the target's own next-token guess
     print("held-out before training:", before)
     log = train_medusa(heads, target, train, args.steps, args.batch, args.lr, args.max_minutes * 60,
                        args.seed, log_every=5 if args.smoke else 10,
                        sampled_vocab=args.sampled_vocab or None, val=val, val_every_s=args.val_every * 60)
-    after = eval_medusa(heads, target, data["heldout"])
+    after = eval_medusa(heads, target, data["heldout"], starts=starts)
     print("held-out after training:", after)
     print(f"loss: first {log.mean(True, 5):.3f} -> last {log.mean(False, 5):.3f}")
     cfg = {**heads.config(), "target": spec.model, "vocab_size": target.config.vocab_size}
@@ -117,8 +122,8 @@ config: `{CONFIG_NAME}` (named so the model registry does not mistake this folde
 - Loss (mean of first / last 20 steps): {r['loss_first']:.3f} -> {r['loss_last']:.3f}.
 
 ## Held-out agreement with the target's greedy token
-Held out: every 10th Wikipedia article's prompts and The Tempest ({d['heldout_tokens']:,} tokens); {a['positions']} positions
-where the target's greedy continuation is known. top-1 = head i's argmax equals the target's greedy token;
+Held out: prompts about every 10th Wikipedia article, The Tempest, and task prompts on two other functions ({d['heldout_tokens']:,} tokens); {a['positions']} positions
+in the target's generated answers (not the prompts) where its greedy continuation is known. top-1 = head i's argmax equals the target's greedy token;
 conditional = the same, among positions where heads 0..i-1 were all right (what chain verification accepts).
 
 | head | predicts | top-1 untrained (identity) | top-1 trained | conditional |
@@ -127,12 +132,29 @@ conditional = the same, among positions where heads 0..i-1 were all right (what 
 
 Mean accepted draft tokens per step (greedy chain of {cfg['num_heads']}): {b['mean_accepted']:.2f} untrained -> **{a['mean_accepted']:.2f}** trained.
 
-## Reproduce
+{engine_section(r)}## Reproduce
 ```bash
 {r['command']}
 ```
 """
     (folder / "README.md").write_text(text)
+
+
+def engine_section(r: dict) -> str:
+    """Acceptance measured in the engine (added to train_result.json by a separate run, if any)."""
+    e = r.get("engine")
+    if not e:
+        return ""
+    rows = "\n".join(f"| {w} | {v['acc']:.3f} | {', '.join(f'{x:.2f}' for x in v['per_pos'])} | {v['tokens_per_step']:.2f} "
+                     f"| {v['identical']} |" for w, v in e["workloads"].items())
+    return f"""## In the engine
+{e['note']}
+
+| workload | acceptance | per position | tokens per verify step | greedy output identical |
+|---|---|---|---|---|
+{rows}
+
+"""
 
 
 if __name__ == "__main__":

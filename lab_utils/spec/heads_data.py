@@ -330,6 +330,22 @@ def split_validation(seqs: list[Sequence], every: int = 10) -> tuple[list[Sequen
     return [s for i, s in enumerate(seqs) if i not in val_idx], [seqs[i] for i in sorted(val_idx)]
 
 
+def generation_starts(seqs: list[Sequence], tokenizer, play_prompt_len: int = 64) -> list[int]:
+    """First generated position of each sequence (after the chat template's assistant header; after the
+    64-token excerpt for play prompts); len(ids) for plain text, which has no generated part."""
+    im_start = tokenizer.convert_tokens_to_ids("<|im_start|>")
+    out = []
+    for s in seqs:
+        ids = s.ids.tolist()
+        if s.source in ("chat", "task") and im_start in ids:
+            out.append(len(ids) - ids[::-1].index(im_start) - 1 + 3)   # <|im_start|> assistant \n
+        elif s.source == "play":
+            out.append(play_prompt_len)
+        else:
+            out.append(len(ids))
+    return out
+
+
 def num_tokens(seqs: list[Sequence]) -> int:
     return sum(len(s.ids) for s in seqs)
 

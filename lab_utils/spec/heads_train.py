@@ -271,14 +271,20 @@ def train_eagle(head: EagleHead, target, seqs: list[Sequence], steps: int, batch
 # ----------------------------------------------------------------------------------------------------------------
 # Held-out evaluation: does the draft agree with the target's greedy continuation?
 # ----------------------------------------------------------------------------------------------------------------
-def greedy_positions(seqs: list[Sequence], k: int, min_ctx: int = 4, limit: int = 400, seed: int = 0):
+def greedy_positions(seqs: list[Sequence], k: int, min_ctx: int = 4, limit: int = 400, seed: int = 0,
+                     starts: list[int] | None = None):
     """(seq index, t) where the text after t follows the target's greedy choice for k + 1 tokens, so the
-    target's greedy continuation from t is known: ids[t + 2 + s] for draft step s."""
+    target's greedy continuation from t is known: ids[t + 2 + s] for draft step s.
+
+    `starts[i]`: the first generated position of sequence i; only t >= starts[i] - 1 count (the engine's first
+    proposal uses the last prompt row). Without it, prompt positions count too, and a chat template's fixed
+    system prompt (which the target, and a head, predict perfectly) inflates the score."""
     pos = []
     for si, s in enumerate(seqs):
         T = len(s.ids)
         follows = s.greedy[:-1] == s.ids[1:]                           # follows[u]: ids[u+1] is greedy
-        for t in range(min_ctx, T - k - 2):
+        first = max(min_ctx, starts[si] - 1) if starts is not None else min_ctx
+        for t in range(first, T - k - 2):
             if bool(follows[t + 1: t + 2 + k].all()):
                 pos.append((si, t))
     g = torch.Generator().manual_seed(seed)
@@ -301,6 +307,7 @@ def acceptance_summary(correct: torch.Tensor) -> dict:
 
 @torch.no_grad()
 def eval_medusa(heads: MedusaHeads, target, seqs: list[Sequence], k: int | None = None, **kw) -> dict:
+    """Top-1 / chain acceptance of the heads vs the target's greedy continuation (see greedy_positions)."""
     k = k or heads.num_heads
     pos = greedy_positions(seqs, k, **kw)
     h = torch.stack([seqs[si].hidden[t] for si, t in pos]).to(target.dtype)
