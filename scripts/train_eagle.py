@@ -21,7 +21,13 @@ import torch
 from lab_utils.models.loader import load_model
 from lab_utils.paths import DATA_DIR
 from lab_utils.spec.eagle import CONFIG_NAME, EagleHead, eagle_config_for, load_eagle
-from lab_utils.spec.heads_data import DataSpec, build, generation_starts, num_tokens, split_validation
+from lab_utils.spec.heads_data import (
+    DataSpec,
+    build,
+    generation_starts,
+    num_tokens,
+    split_validation,
+)
 from lab_utils.spec.heads_train import eval_eagle, init_eagle, train_eagle
 from lab_utils.spec.medusa import save_heads
 

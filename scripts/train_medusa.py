@@ -20,7 +20,13 @@ import torch
 
 from lab_utils.models.loader import load_model
 from lab_utils.paths import DATA_DIR
-from lab_utils.spec.heads_data import DataSpec, build, generation_starts, num_tokens, split_validation
+from lab_utils.spec.heads_data import (
+    DataSpec,
+    build,
+    generation_starts,
+    num_tokens,
+    split_validation,
+)
 from lab_utils.spec.heads_train import eval_medusa, train_medusa
 from lab_utils.spec.medusa import CONFIG_NAME, MedusaHeads, load_medusa, save_heads
 
