@@ -10,16 +10,15 @@ Run with OMP_NUM_THREADS=1 on a shared machine.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import torch  # noqa: E402
+import torch
 
-from lab_utils.paths import DATA_DIR, cache_dir  # noqa: E402
+from lab_utils.paths import DATA_DIR, cache_dir
 
 TEACHER = "smollm2-135m"
 OUT_DIR = DATA_DIR / "models" / "smollm2-draft"
@@ -46,7 +45,7 @@ def stage_teacher(args) -> None:
     deadline = t0 + args.minutes * 60
     held = make_prompts(tok, args.heldout_prompts, "heldout", seed=args.seed)
     train = make_prompts(tok, args.train_prompts, "train", seed=args.seed)
-    meta = dict(teacher=TEACHER, new_tokens=args.new_tokens, top_k=args.top_k, seed=args.seed)
+    meta = {"teacher": TEACHER, "new_tokens": args.new_tokens, "top_k": args.top_k, "seed": args.seed}
     held_rec, done, spent = None, [], 0.0
     if targets_path().exists():  # resume: keep what an earlier run produced, generate only the rest
         old, old_meta = load_targets(targets_path())
@@ -64,7 +63,7 @@ def stage_teacher(args) -> None:
         rec = done + new_rec
         ntok = sum(len(r["ids"]) for r in rec)
         m = dict(meta, n_train=len(rec), train_tokens=ntok, seconds=round(spent + time.time() - t0, 1))
-        save_targets(dict(train=rec, heldout=held_rec), targets_path(), m)
+        save_targets({"train": rec, "heldout": held_rec}, targets_path(), m)
         print(f"[teacher] train: {len(rec)} seqs, {ntok} tokens, {time.time() - t0:.0f}s", flush=True)
 
     save(generate_targets(model, todo, args.new_tokens, args.top_k, args.batch, deadline=deadline, on_batch=save))

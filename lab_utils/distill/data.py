@@ -62,7 +62,7 @@ def make_prompts(tokenizer, n: int, split: str = "train", seed: int = 0,
     rng = random.Random(f"{seed}-{split}")
     held = split == "heldout"
     docs, plays = _docs(held), _plays(held)
-    counts = [int(round(n * s)) for s in mix]
+    counts = [round(n * s) for s in mix]
     counts[0] += n - sum(counts)
     out: list[Prompt] = []
     for _ in range(counts[0]):
@@ -75,7 +75,7 @@ def make_prompts(tokenizer, n: int, split: str = "train", seed: int = 0,
         ids = tokenizer(d.extract, add_special_tokens=False).input_ids[: rng.randint(8, 24)]
         out.append(Prompt(tuple(ids), "wiki", tokenizer.decode(ids)))
     for _ in range(counts[2]):
-        name, text = rng.choice(plays)
+        _name, text = rng.choice(plays)
         start = text.find("\n", rng.randrange(len(text) - 2000)) + 1
         ids = tokenizer(text[start:start + 400], add_special_tokens=False).input_ids[:24]
         out.append(Prompt(tuple(ids), "play", tokenizer.decode(ids)))
@@ -94,7 +94,7 @@ def heldout_texts(tokenizer, n: int = 32, length: int = 64, seed: int = 0) -> li
             if len(ids) < length:
                 continue
         else:
-            name, text = rng.choice(plays)
+            _name, text = rng.choice(plays)
             start = text.find("\n", rng.randrange(len(text) - 4000)) + 1
             ids = tokenizer(text[start:start + length * 8], add_special_tokens=False).input_ids
         out.append(ids[:length])
@@ -113,7 +113,7 @@ def raw_records(tokenizer, n: int, top_k: int, length: int = 96, seed: int = 0) 
         if len(out) % 4:
             ids = tokenizer(rng.choice(docs).extract, add_special_tokens=False).input_ids[:length]
         else:
-            name, text = rng.choice(plays)
+            _name, text = rng.choice(plays)
             start = text.find("\n", rng.randrange(len(text) - 4000)) + 1
             ids = tokenizer(text[start:start + length * 8], add_special_tokens=False).input_ids[:length]
         if len(ids) < 16:
@@ -123,5 +123,5 @@ def raw_records(tokenizer, n: int, top_k: int, length: int = 96, seed: int = 0) 
         idx[:, 0] = t[1:]
         val = torch.full((len(ids) - 1, top_k), -1e4, dtype=torch.float16)
         val[:, 0] = 0.0
-        out.append(dict(ids=t, topk_idx=idx, topk_val=val, n_prompt=1))
+        out.append({"ids": t, "topk_idx": idx, "topk_val": val, "n_prompt": 1})
     return out

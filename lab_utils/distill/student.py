@@ -15,19 +15,19 @@ from lab_utils.models.llama import LlamaConfig, LlamaForCausalLM
 def draft_config(hidden: int = 128, layers: int = 3, heads: int = 2, kv_heads: int = 1,
                  intermediate: int = 384, head_dim: int = 64, max_positions: int = 2048) -> dict:
     """An HF `LlamaForCausalLM` config dict (what `config.json` holds) for a SmolLM2-vocab student."""
-    for name, v in dict(hidden=hidden, layers=layers, heads=heads, kv_heads=kv_heads,
-                        intermediate=intermediate, head_dim=head_dim).items():
+    for name, v in {"hidden": hidden, "layers": layers, "heads": heads, "kv_heads": kv_heads,
+                        "intermediate": intermediate, "head_dim": head_dim}.items():
         if not (isinstance(v, int) and v >= 1):
             raise ValueError(f"{name}={v!r} must be an int >= 1")
     if heads % kv_heads:
         raise ValueError(f"heads={heads} must be a multiple of kv_heads={kv_heads}")
-    return dict(
-        architectures=["LlamaForCausalLM"], model_type="llama", vocab_size=49152, hidden_size=hidden,
-        intermediate_size=intermediate, num_hidden_layers=layers, num_attention_heads=heads,
-        num_key_value_heads=kv_heads, head_dim=head_dim, max_position_embeddings=max_positions,
-        rms_norm_eps=1e-5, rope_theta=100000.0, tie_word_embeddings=True, bos_token_id=1, eos_token_id=2,
-        hidden_act="silu", attention_bias=False, mlp_bias=False, initializer_range=0.02, torch_dtype="float16",
-    )
+    return {
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 49152, "hidden_size": hidden,
+        "intermediate_size": intermediate, "num_hidden_layers": layers, "num_attention_heads": heads,
+        "num_key_value_heads": kv_heads, "head_dim": head_dim, "max_position_embeddings": max_positions,
+        "rms_norm_eps": 1e-5, "rope_theta": 100000.0, "tie_word_embeddings": True, "bos_token_id": 1, "eos_token_id": 2,
+        "hidden_act": "silu", "attention_bias": False, "mlp_bias": False, "initializer_range": 0.02, "torch_dtype": "float16",
+    }
 
 
 def pca_embedding(teacher_embedding: torch.Tensor, dim: int) -> torch.Tensor:

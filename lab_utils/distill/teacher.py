@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import random
 import time
-from collections import defaultdict
 from pathlib import Path
 
 import torch
@@ -33,7 +32,7 @@ class LeftPaddedKVCache(SimpleKVCache):
         return (pos[None, :] - self.pad[:, None]).clamp_min(0)
 
     def __call__(self, layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        B, T = q.shape[:2]
+        _B, T = q.shape[:2]
         start, end = self.length, self.length + T
         self.k[layer_idx][:, start:end] = k
         self.v[layer_idx][:, start:end] = v
@@ -91,8 +90,8 @@ def generate_targets(model, prompts: list[tuple[int, ...]], new_tokens: int, top
                 if t in eos_ids:
                     end = T + j + 1
                     break
-            out.append(dict(ids=seq[b, p0:end].to(torch.int32), topk_idx=idx[b, p0:end - 1].to(torch.int32),
-                            topk_val=val[b, p0:end - 1].to(torch.float16), n_prompt=T - p0))
+            out.append({"ids": seq[b, p0:end].to(torch.int32), "topk_idx": idx[b, p0:end - 1].to(torch.int32),
+                            "topk_val": val[b, p0:end - 1].to(torch.float16), "n_prompt": T - p0})
         if on_batch is not None:
             on_batch(out)
     return out
@@ -101,7 +100,7 @@ def generate_targets(model, prompts: list[tuple[int, ...]], new_tokens: int, top
 def save_targets(records: list[dict], path: Path, meta: dict) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
-    torch.save(dict(records=records, meta=meta), tmp)
+    torch.save({"records": records, "meta": meta}, tmp)
     tmp.replace(path)
 
 

@@ -35,7 +35,7 @@ def pad_batch(records: list[dict]) -> dict[str, torch.Tensor]:
         tval[b, : n - 1] = r["topk_val"].float()
         mask[b, : n - 1] = True
         gen[b, r["n_prompt"] - 1: n - 1] = True
-    return dict(ids=ids, labels=ids[:, 1:], topk_idx=tidx, topk_val=tval, mask=mask, gen=gen)
+    return {"ids": ids, "labels": ids[:, 1:], "topk_idx": tidx, "topk_val": tval, "mask": mask, "gen": gen}
 
 
 @torch.no_grad()
@@ -61,8 +61,8 @@ def evaluate(model, records: list[dict], batch: int = 8, max_pos: int = 96) -> d
             by_hit[: len(s)] += s
             by_tot[: len(s)] += 1
     model.train()
-    return dict(agreement=hit / max(tot, 1), agreement_all=hit_all / max(tot_all, 1), kd_loss=loss_sum / max(tot, 1),
-                tokens=tot, by_position=(by_hit / by_tot.clamp_min(1)).tolist())
+    return {"agreement": hit / max(tot, 1), "agreement_all": hit_all / max(tot_all, 1), "kd_loss": loss_sum / max(tot, 1),
+                "tokens": tot, "by_position": (by_hit / by_tot.clamp_min(1)).tolist()}
 
 
 def lr_at(step: int, frac: float, lr: float, warmup: int) -> float:
@@ -127,13 +127,13 @@ def train(model, train_rec: list[dict], val_rec: list[dict] | None = None, *, st
         run = loss.item() if step == 0 else 0.9 * run + 0.1 * loss.item()
         seen += int(sel.sum())
         if step % log_every == 0 or step == steps - 1:
-            log.append(dict(step=step, loss=round(loss.item(), 4), loss_ema=round(run, 4),
-                            lr=g["lr"], tokens=seen, seconds=round(time.time() - t0, 1)))
+            log.append({"step": step, "loss": round(loss.item(), 4), "loss_ema": round(run, 4),
+                            "lr": g["lr"], "tokens": seen, "seconds": round(time.time() - t0, 1)})
         last = step == steps - 1 or (deadline is not None and time.time() > deadline)
         if val_rec and ((step + 1) % eval_every == 0 or last):
             ev = evaluate(model, val_rec)
-            log.append(dict(step=step, val_agreement=round(ev["agreement"], 4), val_kd_loss=round(ev["kd_loss"], 4),
-                            seconds=round(time.time() - t0, 1)))
+            log.append({"step": step, "val_agreement": round(ev["agreement"], 4), "val_kd_loss": round(ev["kd_loss"], 4),
+                            "seconds": round(time.time() - t0, 1)})
             if on_eval is not None:
                 on_eval(step, ev, log)
     return log
@@ -191,7 +191,7 @@ def run_cli(args, targets_path: Path, out_dir: Path, teacher_name: str) -> dict:
     del teacher
     base = evaluate(student, test_rec)
     print(f"[train] params {num_params(student):,}; PCA-init test agreement {base['agreement']:.3f}", flush=True)
-    best = dict(agreement=-1.0)
+    best = {"agreement": -1.0}
     summary: dict = {}
 
     mtime = [targets_path.stat().st_mtime if targets_path.exists() else 0.0]
@@ -207,7 +207,7 @@ def run_cli(args, targets_path: Path, out_dir: Path, teacher_name: str) -> dict:
         if out_dir is not None and ev["agreement"] > best["agreement"]:
             best.update(ev, step=step + 1)
             save_checkpoint(student, cfg, out_dir, model_folder(teacher_name),
-                            dict(summary_in_progress=dict(step=step + 1, val_agreement=ev["agreement"]), log=log))
+                            {"summary_in_progress": {"step": step + 1, "val_agreement": ev["agreement"]}, "log": log})
 
     raw_rec = None
     if args.raw_per_batch:
@@ -219,9 +219,9 @@ def run_cli(args, targets_path: Path, out_dir: Path, teacher_name: str) -> dict:
                 alpha=args.alpha, seed=args.seed, eval_every=args.eval_every if not args.smoke else 10,
                 deadline=deadline, on_eval=on_eval, log_every=1 if args.smoke else 10)
     losses = [r["loss"] for r in log if "loss" in r]
-    summary = dict(steps=max(r["step"] for r in log) + 1, seconds=round(time.time() - t0, 1),
-                   first_loss=losses[0], final_loss_ema=[r["loss_ema"] for r in log if "loss" in r][-1],
-                   init_test_agreement=round(base["agreement"], 4), params=num_params(student))
+    summary = {"steps": max(r["step"] for r in log) + 1, "seconds": round(time.time() - t0, 1),
+                   "first_loss": losses[0], "final_loss_ema": [r["loss_ema"] for r in log if "loss" in r][-1],
+                   "init_test_agreement": round(base["agreement"], 4), "params": num_params(student)}
     if args.smoke:
         print(f"[smoke] loss {losses[0]:.3f} -> {summary['final_loss_ema']:.3f} (EMA) in {summary['steps']} steps, "
               f"{summary['seconds']}s", flush=True)
@@ -237,11 +237,11 @@ def run_cli(args, targets_path: Path, out_dir: Path, teacher_name: str) -> dict:
                    test_agreement=round(test["agreement"], 4), test_agreement_all=round(test["agreement_all"], 4),
                    test_kd_loss=round(test["kd_loss"], 4), test_by_position=[round(x, 4) for x in test["by_position"]],
                    train_sequences=len(train_rec), train_tokens=sum(len(r["ids"]) for r in train_rec),
-                   tokens_seen=int(tokens_seen), config=dict(T=args.temperature, alpha=args.alpha, lr=args.lr,
-                                                                 batch=args.train_batch, seed=args.seed,
-                                                                 raw_per_batch=args.raw_per_batch,
-                                                                 raw_texts=args.raw_texts))
-    (out_dir / "train_log.json").write_text(json.dumps(dict(summary=summary, log=log), indent=1) + "\n")
+                   tokens_seen=int(tokens_seen), config={"T": args.temperature, "alpha": args.alpha, "lr": args.lr,
+                                                                 "batch": args.train_batch, "seed": args.seed,
+                                                                 "raw_per_batch": args.raw_per_batch,
+                                                                 "raw_texts": args.raw_texts})
+    (out_dir / "train_log.json").write_text(json.dumps({"summary": summary, "log": log}, indent=1) + "\n")
     write_model_card(out_dir, summary, getattr(args, "command", "python scripts/train_draft.py"))
     print("[train] done:", json.dumps({k: v for k, v in summary.items() if k != "test_by_position"}), flush=True)
     return summary

@@ -6,7 +6,12 @@ import torch
 import torch.nn.functional as F
 
 from lab_utils.distill.loss import kd_loss, topk_kd_loss
-from lab_utils.distill.student import draft_config, init_student, num_params, pca_embedding
+from lab_utils.distill.student import (
+    draft_config,
+    init_student,
+    num_params,
+    pca_embedding,
+)
 from lab_utils.distill.teacher import generate_targets
 from lab_utils.distill.train import evaluate, pad_batch, train
 from lab_utils.paths import DATA_DIR
@@ -60,7 +65,7 @@ def test_hard_label_mix_and_topk_match_the_dense_loss():
     assert torch.allclose(topk_kd_loss(s, top.indices, top.values, T=2.0), kd_loss(s, t, T=2.0), rtol=1e-5)
 
 
-@pytest.mark.parametrize("kw, field", [(dict(T=0.0), "T="), (dict(alpha=1.5), "alpha="), (dict(alpha=0.5), "labels")])
+@pytest.mark.parametrize("kw, field", [({"T": 0.0}, "T="), ({"alpha": 1.5}, "alpha="), ({"alpha": 0.5}, "labels")])
 def test_kd_loss_rejects_bad_arguments(kw, field):
     with pytest.raises(ValueError, match=field):
         kd_loss(torch.randn(2, 5), torch.randn(2, 5), **kw)
