@@ -124,7 +124,8 @@ class LabBackend(Backend):
         return dict(scheduler=c.scheduler, max_num_seqs=c.max_num_seqs, max_num_batched_tokens=c.max_num_batched_tokens,
                     block_size=c.block_size, enable_prefix_caching=c.enable_prefix_caching,
                     enable_chunked_prefill=c.enable_chunked_prefill, kv_cache_dtype=c.kv_cache_dtype,
-                    enforce_eager=c.enforce_eager, device=str(self.engine.device), dtype=str(self.engine.model.dtype))
+                    enforce_eager=c.enforce_eager, device=str(self.engine.device), dtype=str(self.engine.model.dtype),
+                    speculative=None if c.speculative is None else vars(c.speculative))
 
     def run(self, workload: Workload, warmup: bool = True) -> BenchRun:
         from lab_utils.engine.sampling_params import SamplingParams

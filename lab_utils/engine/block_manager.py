@@ -145,19 +145,29 @@ class BlockManager:
                 blk.hash, blk.token_ids = hashes[i]
                 self.hash_to_block.setdefault(blk.hash, blk.block_id)
 
+    def _release(self, bid: int) -> None:
+        blk = self.blocks[bid]
+        blk.ref_count -= 1
+        assert blk.ref_count >= 0, f"block {bid} freed twice"
+        if blk.ref_count == 0:
+            if blk.hash is not None and self.hash_to_block.get(blk.hash) == bid:
+                self.evictable[bid] = None
+            else:
+                blk.hash, blk.token_ids = None, ()
+                self.free_ids.append(bid)
+
     def free(self, req: Request) -> None:
         """Drop the request's references (last block first, so a prompt's head stays cached longest)."""
         for bid in reversed(req.block_table):
-            blk = self.blocks[bid]
-            blk.ref_count -= 1
-            assert blk.ref_count >= 0, f"block {bid} freed twice"
-            if blk.ref_count == 0:
-                if blk.hash is not None and self.hash_to_block.get(blk.hash) == bid:
-                    self.evictable[bid] = None
-                else:
-                    blk.hash, blk.token_ids = None, ()
-                    self.free_ids.append(bid)
+            self._release(bid)
         req.block_table = []
+
+    def trim(self, req: Request, num_tokens: int) -> None:
+        """Give back the blocks past the first `num_tokens` tokens (speculative decoding's rollback)."""
+        keep = self.blocks_needed(num_tokens)
+        for bid in reversed(req.block_table[keep:]):
+            self._release(bid)
+        del req.block_table[keep:]
 
     # -- checks -----------------------------------------------------------------------------------
     def check_all_free(self) -> None:

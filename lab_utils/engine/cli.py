@@ -92,6 +92,11 @@ def run_generate(args: argparse.Namespace) -> int:
         print(out.text)
         print(f"[{len(out.token_ids)} tokens, finish={out.finish_reason}, TTFT {m.ttft * 1e3:.0f} ms, "
               f"TPOT {'-' if tpot is None else f'{tpot * 1e3:.0f} ms'}, E2E {m.e2e * 1e3:.0f} ms]")
+    if engine.spec is not None:
+        st = engine.stats()
+        rate, per_step = st["spec_acceptance_rate"], st["spec_mean_tokens_per_step"]
+        print(f"[speculative {engine.spec.config.method}: acceptance {'-' if rate is None else f'{rate:.2f}'}, "
+              f"{'-' if per_step is None else f'{per_step:.2f}'} tokens per verify step]")
     return 0
 
 

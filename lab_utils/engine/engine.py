@@ -56,6 +56,11 @@ class LLMEngine:
                                           config.enable_prefix_caching and not contiguous, config.watermark)
         self.scheduler = Scheduler(config, self.block_manager, self._swap_out, self._swap_in)
         self.runner = ModelRunner(model, self.kv_cache, self.block_size, self.device)
+        self.spec = None  # speculative decoding (lab 07): turns decode steps into verify steps
+        if config.speculative is not None:
+            from lab_utils.spec.engine_hook import SpecDecoder
+
+            self.spec = SpecDecoder(config.speculative, model, self.device, self.block_manager, self.max_model_len)
         self.eos_ids = self._eos_ids()
         self.requests: dict[str, Request] = {}
         self._pending_outputs: list[RequestOutput] = []
@@ -142,6 +147,8 @@ class LLMEngine:
         req.finish_reason = "abort"
         req.metrics.finish_time = now()
         self.num_aborted += 1
+        if self.spec is not None:
+            self.spec.release(request_id)
         self._pending_outputs.append(self._output(req, finished=True))
         return True
 
@@ -163,23 +170,38 @@ class LLMEngine:
         for req, _ in sched.scheduled:
             if req.metrics.first_scheduled_time is None:
                 req.metrics.first_scheduled_time = t_start
-        logits, to_sample = self.runner.run(sched.scheduled)
+        plans, rows = self.spec.plan(sched.scheduled, self.config.max_num_batched_tokens - sched.num_tokens) \
+            if self.spec is not None else ({}, None)
+        logits, to_sample = self.runner.run(sched.scheduled, rows)
         for req, n in sched.scheduled:
             req.num_computed_tokens += n
+        if self.spec is not None:  # verify the guesses (and roll back the rejected ones) before committing blocks
+            rows = [r for (req, _), r in zip(sched.scheduled, rows) if req in to_sample]
+            new_tokens = self.spec.verify(plans, logits, self.runner.last_hidden, to_sample, rows)
+        else:
+            toks = sample(logits, [r.params for r in to_sample], [r.generator for r in to_sample]) if to_sample else []
+            new_tokens = [[tok] for tok in toks]
+        for req, _ in sched.scheduled:
             self.block_manager.commit_full_blocks(req)
-        tokens = sample(logits, [r.params for r in to_sample], [r.generator for r in to_sample]) if to_sample else []
         t = now()
-        for req, tok in zip(to_sample, tokens):
-            req.token_ids.append(tok)
-            req.metrics.token_times.append(t)
-            if req.metrics.first_token_time is None:
-                req.metrics.first_token_time = t
-            reason = self._stop_reason(req, tok)
+        for req, toks in zip(to_sample, new_tokens):
+            reason, emitted = None, []
+            for tok in toks:  # several tokens after a verify step; stop conditions truncate the chain
+                req.token_ids.append(tok)
+                req.metrics.token_times.append(t)
+                emitted.append(tok)
+                if req.metrics.first_token_time is None:
+                    req.metrics.first_token_time = t
+                reason = self._stop_reason(req, tok)
+                if reason:
+                    break
             if reason:
                 self.scheduler.finish(req, Status.FINISHED)
                 req.finish_reason, req.metrics.finish_time = reason, t
                 self.num_finished += 1
-            outputs.append(self._output(req, finished=reason is not None, new=[tok]))
+                if self.spec is not None:
+                    self.spec.release(req.request_id)
+            outputs.append(self._output(req, finished=reason is not None, new=emitted))
         self.num_steps += 1
         if self.keep_history:
             self.step_log.append({
@@ -268,5 +290,5 @@ class LLMEngine:
             "num_aborted": self.num_aborted,
             "num_rejected": self.num_rejected,
             "num_steps": self.num_steps,
-            "spec_acceptance_rate": None,
+            **(self.spec.stats.as_dict() if self.spec is not None else {"spec_acceptance_rate": None}),
         }

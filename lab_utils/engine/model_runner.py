@@ -12,12 +12,15 @@ from lab_utils.engine.request import Request
 class ModelRunner:
     def __init__(self, model: torch.nn.Module, cache: KVCache, block_size: int, device: torch.device) -> None:
         self.model, self.cache, self.block_size, self.device = model, cache, block_size, device
+        self.last_hidden: torch.Tensor | None = None  # final hidden states of the returned rows (speculation)
 
     @torch.inference_mode()
-    def run(self, scheduled: list[tuple[Request, int]]) -> tuple[torch.Tensor, list[Request]]:
-        """Compute the scheduled tokens; return logits [S, V] for the S requests that reach their last token."""
+    def run(self, scheduled: list[tuple[Request, int]], num_rows: list[int] | None = None
+            ) -> tuple[torch.Tensor, list[Request]]:
+        """Compute the scheduled tokens; return logits [S, V] for the S requests that reach their last token.
+        `num_rows[i]` > 1 returns that many trailing rows for entry i (a speculative verify needs k+1)."""
         ids, pos, ctx_lens, q_lens, tables, last_rows, sample_reqs = [], [], [], [], [], [], []
-        for req, n in scheduled:
+        for i, (req, n) in enumerate(scheduled):
             start = req.num_computed_tokens
             ids.extend(req.token_ids[start:start + n])
             pos.extend(range(start, start + n))
@@ -25,7 +28,8 @@ class ModelRunner:
             q_lens.append(n)
             tables.append(req.block_table)
             if start + n == req.num_tokens:  # all known tokens computed: the next one can be sampled
-                last_rows.append(len(ids) - 1)
+                r = num_rows[i] if num_rows else 1
+                last_rows.extend(range(len(ids) - r, len(ids)))
                 sample_reqs.append(req)
         meta = AttentionMetadata.build(tables, ctx_lens, q_lens, self.block_size, self.device)
         input_ids = torch.tensor(ids, dtype=torch.long, device=self.device)[None]
@@ -34,4 +38,5 @@ class ModelRunner:
         if not last_rows:
             return hidden.new_empty(0, 0), []
         rows = torch.tensor(last_rows, device=self.device)
-        return self.model.logits(hidden[0, rows]).float(), sample_reqs
+        self.last_hidden = hidden[0, rows]
+        return self.model.logits(self.last_hidden).float(), sample_reqs

@@ -41,6 +41,8 @@ class Scheduler:
         self.swap_out, self.swap_in = swap_out, swap_in
         self.num_preemptions = 0
         self.static_quota = 0  # static batching: members of the current batch still to admit
+        # speculative decoding: budget kept for each decode's guesses, so prefills do not crowd them out
+        self.lookahead = config.speculative.num_speculative_tokens if config.speculative else 0
 
     def add(self, req: Request) -> None:
         self.waiting.append(req)
@@ -55,6 +57,7 @@ class Scheduler:
         budget = self.config.max_num_batched_tokens
         if policy == "token_budget":
             budget = self._schedule_running(out, budget, decodes=True, prefills=True)
+            budget -= self.lookahead * sum(1 for r, n in out.scheduled if n == 1 and not r.is_prefill)
             if not out.preempted:
                 self._schedule_waiting(out, budget)
             return out

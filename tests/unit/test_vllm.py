@@ -199,3 +199,26 @@ def test_bench_cli_http_backend_against_vllm_server(tmp_path, vllm_server):
     counts = [float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
               if line.startswith("vllm:time_to_first_token_seconds_count")]
     assert counts and sum(counts) >= 2 * 4, counts  # the CLI run and the run above, warm-ups aside
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_vllm_serves_the_distilled_draft():
+    """Lab 06's `data/models/smollm2-draft` is a plain HF Llama folder (head dim 64) that vLLM loads and runs.
+
+    In a child process: this file keeps one in-process vLLM per process (the module's backend above)."""
+    _need_vllm()
+    import subprocess
+    import sys
+
+    code = (
+        "from lab_utils.bench.backends_vllm import VLLMBackend, vllm_sampling_params\n"
+        "b = VLLMBackend('smollm2-draft', max_num_seqs=2, block_size=32)\n"
+        "out = b.llm.generate([{'prompt_token_ids': [1, 504, 3575, 282, 4649, 314]}], vllm_sampling_params(8), "
+        "use_tqdm=False)\n"
+        "print('DRAFT_TOKENS', len(out[0].outputs[0].token_ids))\n"
+        "b.close()\n"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=850,
+                       cwd=vllm_env.REPO_ROOT, env=dict(os.environ, PYTHONPATH=str(vllm_env.REPO_ROOT)))
+    assert "DRAFT_TOKENS 8" in r.stdout, (r.stdout[-2000:], r.stderr[-4000:])

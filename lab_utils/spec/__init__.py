@@ -1,0 +1,35 @@
+"""Speculative decoding: proposers (draft model, n-gram lookup, Medusa heads, EAGLE head), the verifier, and
+the engine hook that turns a decode step into a verify step. `make_proposer` builds the one a config asks for."""
+from __future__ import annotations
+
+import importlib
+
+from lab_utils.spec.base import Proposal, Proposer
+
+__all__ = ["Proposal", "Proposer", "make_proposer"]
+
+_HEADS = {"medusa": ("lab_utils.spec.medusa", "MedusaProposer"), "eagle": ("lab_utils.spec.eagle", "EagleProposer")}
+
+
+def make_proposer(spec_config, target_model, device) -> Proposer:
+    """The proposer for `spec_config.method` ("draft" | "ngram" | "medusa" | "eagle")."""
+    method = spec_config.method
+    if method == "ngram":
+        from lab_utils.spec.ngram import NgramProposer
+
+        return NgramProposer(spec_config, target_model, device)
+    if method == "draft":
+        from lab_utils.spec.draft import DraftModelProposer
+
+        return DraftModelProposer(spec_config, target_model, device)
+    if method in _HEADS:
+        module, cls = _HEADS[method]
+        try:
+            mod = importlib.import_module(module)
+        except ModuleNotFoundError as e:
+            if e.name != module:
+                raise
+            raise ValueError(f"SpecConfig.method={method!r} needs {module}.{cls}, which is not in this checkout "
+                             f"yet; use method='ngram' or 'draft'") from e
+        return getattr(mod, cls)(spec_config, target_model, device)
+    raise ValueError(f"SpecConfig.method={method!r} is invalid: must be one of draft, ngram, medusa, eagle")

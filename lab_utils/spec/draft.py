@@ -1,0 +1,86 @@
+"""A draft model proposes: a small model with the target's tokenizer runs k cheap autoregressive steps.
+
+The draft keeps its own contiguous KV cache per request (`SimpleKVCache`, lab 00's cache). It never needs to
+be told about rejections: each call compares the cached tokens with the request's current tokens and rewinds
+the cache to their common prefix (its length counter drops; stale slots are overwritten later), then feeds
+only the tokens it has not seen. In steady state that is 1-2 tokens of catch-up plus k-1 one-token steps.
+"""
+from __future__ import annotations
+
+import torch
+
+from lab_utils.models.kv_cache_simple import SimpleKVCache
+from lab_utils.spec.base import Proposal, Proposer
+
+DEFAULT_DRAFT = "smollm2-draft"  # data/models/smollm2-draft
+
+
+class _DraftState:
+    def __init__(self, model, max_len: int) -> None:
+        self.cache = SimpleKVCache.for_model(model, batch=1, max_len=max_len)
+        self.tokens: list[int] = []  # tokens whose K/V are in the cache (first cache.length of them)
+
+
+def _common_prefix(a: list[int], b: list[int]) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+class DraftModelProposer(Proposer):
+    def __init__(self, spec_config, target_model=None, device: torch.device | str = "cpu", draft_model=None) -> None:
+        if draft_model is None:
+            from lab_utils.models.loader import load_model
+            from lab_utils.models.registry import data_models
+
+            name = spec_config.model or DEFAULT_DRAFT
+            if spec_config.model is None and DEFAULT_DRAFT not in data_models():
+                raise ValueError(f"SpecConfig.model is unset and the default draft data/models/{DEFAULT_DRAFT} does "
+                                 f"not exist; train it (scripts/train_draft.py) or set model=<a model sharing the "
+                                 f"target's tokenizer>")
+            draft_model, _ = load_model(name, device=device, dtype=getattr(target_model, "dtype", None))
+        self.model = draft_model.eval()
+        if target_model is not None and draft_model.config.vocab_size != target_model.config.vocab_size:
+            raise ValueError(f"draft vocab_size={draft_model.config.vocab_size} differs from the target's "
+                             f"{target_model.config.vocab_size}: the draft must share the target's tokenizer")
+        self.states: dict[str | None, _DraftState] = {}
+        self.generator = torch.Generator().manual_seed(getattr(spec_config, "seed", 0) or 0)  # draft sampling
+
+    def _state(self, needed: int) -> _DraftState:
+        st = self.states.get(self.request_id)
+        ctx = self.model.config.max_position_embeddings
+        if needed > ctx:
+            raise ValueError(f"the draft's context ({ctx}) is shorter than the sequence ({needed} tokens)")
+        if st is None or st.cache.max_len < needed:
+            st = _DraftState(self.model, min(ctx, max(2 * needed, 256)))  # grow by re-prefilling (rare)
+            self.states[self.request_id] = st
+        return st
+
+    @torch.inference_mode()
+    def propose(self, token_ids: list[int], k: int, hidden: torch.Tensor | None = None,
+                temperature: float = 0.0) -> Proposal:
+        if k <= 0:
+            return Proposal([])
+        st = self._state(len(token_ids) + k)
+        keep = min(_common_prefix(st.tokens, token_ids), len(token_ids) - 1)  # at least one token to feed
+        st.cache.length, st.tokens = keep, list(token_ids[:keep])
+        feed = list(token_ids[keep:])
+        out, dists = [], []
+        device = st.cache.k[0].device
+        for step in range(k):
+            logits = st.cache.forward(self.model, torch.tensor([feed], device=device))[0, -1].float()
+            st.tokens.extend(feed)
+            if temperature > 0:
+                q = (logits / temperature).softmax(-1).cpu()
+                tok = int(torch.multinomial(q, 1, generator=self.generator))
+                dists.append(q)
+            else:
+                tok = int(logits.argmax())
+            out.append(tok)
+            feed = [tok]
+        return Proposal(out, torch.stack(dists) if dists else None)
+
+    def release(self, request_id: str) -> None:
+        self.states.pop(request_id, None)

@@ -1,0 +1,43 @@
+"""Lab 06's checker accepts correct KD losses and rejects each common mistake with a message that names it."""
+from __future__ import annotations
+
+import pytest
+import torch.nn.functional as F
+
+from lab_utils.checks import lab06
+
+
+def good(s, t, T):  # an independent solution via F.kl_div
+    return F.kl_div(F.log_softmax(s / T, -1), F.log_softmax(t / T, -1), log_target=True, reduction="batchmean") * T * T
+
+
+def test_accepts_correct(capsys):
+    lab06.check_kd_loss(good, seed=0)
+    lab06.check_kd_loss(good)
+    assert "✓" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("bad, msg", [
+    (lambda s, t, T: good(s, t, T) / (T * T), "factor is missing"),
+    (lambda s, t, T: F.kl_div(F.log_softmax(t / T, -1), F.log_softmax(s / T, -1), log_target=True,
+                              reduction="batchmean") * T * T, "KL is reversed"),
+    (lambda s, t, T: good(s, t, 1.0) * T * T, "temperature is not applied"),
+    (lambda s, t, T: F.kl_div(F.log_softmax(s, -1), F.log_softmax(t / T, -1), log_target=True,
+                              reduction="batchmean") * T * T, "only the teacher"),
+    (lambda s, t, T: good(s, t, T) * s.shape[0], "summed over rows"),
+    (lambda s, t, T: F.kl_div(F.log_softmax(s / T, -1), F.log_softmax(t / T, -1), log_target=True,
+                              reduction="none").sum(-1) * T * T, "scalar"),
+    (lambda s, t, T: good(s.detach(), t, T), "autograd"),
+    (lambda s, t, T: F.mse_loss(s, t), "expected"),
+])
+def test_rejects_mistakes(bad, msg):
+    with pytest.raises(AssertionError, match=msg):
+        lab06.check_kd_loss(bad, seed=1)
+
+
+def test_not_implemented_propagates():
+    def todo(s, t, T):
+        raise NotImplementedError("hint")
+
+    with pytest.raises(NotImplementedError):
+        lab06.check_kd_loss(todo, seed=0)
