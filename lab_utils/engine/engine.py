@@ -163,7 +163,7 @@ class LLMEngine:
         for req, _ in sched.scheduled:
             if req.metrics.first_scheduled_time is None:
                 req.metrics.first_scheduled_time = t_start
-        logits, to_sample = self.runner.run(sched.scheduled)
+        logits, to_sample = self.runner.run(sched.scheduled, sched.num_padding)
         for req, n in sched.scheduled:
             req.num_computed_tokens += n
             self.block_manager.commit_full_blocks(req)
@@ -185,7 +185,7 @@ class LLMEngine:
             self.step_log.append({
                 "step": self.num_steps, "start": t_start, "end": t,
                 "requests": [(r.request_id, n) for r, n in sched.scheduled],
-                "num_tokens": sched.num_tokens, "preempted": [r.request_id for r in sched.preempted],
+                "num_tokens": sched.num_tokens, "num_padding": sched.num_padding, "preempted": [r.request_id for r in sched.preempted],
                 "free_blocks": self.block_manager.num_free_blocks,
             })
         return outputs

@@ -14,8 +14,10 @@ class ModelRunner:
         self.model, self.cache, self.block_size, self.device = model, cache, block_size, device
 
     @torch.inference_mode()
-    def run(self, scheduled: list[tuple[Request, int]]) -> tuple[torch.Tensor, list[Request]]:
-        """Compute the scheduled tokens; return logits [S, V] for the S requests that reach their last token."""
+    def run(self, scheduled: list[tuple[Request, int]], num_padding: int = 0) -> tuple[torch.Tensor, list[Request]]:
+        """Compute the scheduled tokens; return logits [S, V] for the S requests that reach their last token.
+
+        `num_padding` extra decode rows (static batching's finished members) are computed and thrown away."""
         ids, pos, ctx_lens, q_lens, tables, last_rows, sample_reqs = [], [], [], [], [], [], []
         for req, n in scheduled:
             start = req.num_computed_tokens
@@ -27,6 +29,9 @@ class ModelRunner:
             if start + n == req.num_tokens:  # all known tokens computed: the next one can be sampled
                 last_rows.append(len(ids) - 1)
                 sample_reqs.append(req)
+        if num_padding:
+            ids, pos, ctx_lens, q_lens, tables, last_rows = pad_decode_rows(
+                ids, pos, ctx_lens, q_lens, tables, last_rows, num_padding)
         meta = AttentionMetadata.build(tables, ctx_lens, q_lens, self.block_size, self.device)
         input_ids = torch.tensor(ids, dtype=torch.long, device=self.device)[None]
         positions = torch.tensor(pos, dtype=torch.long, device=self.device)[None]
@@ -34,4 +39,18 @@ class ModelRunner:
         if not last_rows:
             return hidden.new_empty(0, 0), []
         rows = torch.tensor(last_rows, device=self.device)
-        return self.model.logits(hidden[0, rows]).float(), sample_reqs
+        return self.model.logits(hidden[0, rows]).float()[:len(sample_reqs)], sample_reqs
+
+
+def pad_decode_rows(ids: list[int], pos: list[int], ctx_lens: list[int], q_lens: list[int],
+                    tables: list[list[int]], last_rows: list[int], n: int) -> tuple:
+    """Append `n` padding rows to a decode step, each a copy of the row with the longest context.
+
+    A copy costs what a padded row costs in a static batch (its attention spans the longest context, as in a
+    padded tensor), and it writes the very K/V its original writes to the same slot, so no real token's cache
+    changes. Its logits are computed (as `generate` computes them for finished rows) and then dropped."""
+    if any(q != 1 for q in q_lens):
+        raise ValueError(f"padding rows are for decode steps only, got query lengths {q_lens}")
+    r = max(range(len(ctx_lens)), key=ctx_lens.__getitem__)
+    return (ids + [ids[r]] * n, pos + [pos[r]] * n, ctx_lens + [ctx_lens[r]] * n, q_lens + [1] * n,
+            tables + [tables[r]] * n, last_rows + [len(ids) + i for i in range(n)])
