@@ -10,8 +10,11 @@ from lab_utils.engine.request import Request
 
 
 class ModelRunner:
-    def __init__(self, model: torch.nn.Module, cache: KVCache, block_size: int, device: torch.device) -> None:
+    def __init__(self, model: torch.nn.Module, cache: KVCache, block_size: int, device: torch.device,
+                 attention_backend: str = "sdpa", graphs=None) -> None:
         self.model, self.cache, self.block_size, self.device = model, cache, block_size, device
+        # fast paths (lab_utils.engine.cuda_graphs.runner_options): flex attention, decode CUDA graphs
+        self.attention_backend, self.graphs = attention_backend, graphs
 
     @torch.inference_mode()
     def run(self, scheduled: list[tuple[Request, int]], num_padding: int = 0) -> tuple[torch.Tensor, list[Request]]:
@@ -32,14 +35,25 @@ class ModelRunner:
         if num_padding:
             ids, pos, ctx_lens, q_lens, tables, last_rows = pad_decode_rows(
                 ids, pos, ctx_lens, q_lens, tables, last_rows, num_padding)
-        meta = AttentionMetadata.build(tables, ctx_lens, q_lens, self.block_size, self.device)
-        input_ids = torch.tensor(ids, dtype=torch.long, device=self.device)[None]
-        positions = torch.tensor(pos, dtype=torch.long, device=self.device)[None]
-        hidden = self.model.hidden_states(input_ids, positions, attention=PagedAttention(self.cache, meta))
+        if self.graphs is not None and max(q_lens) == 1 and self.graphs.can_run(len(ids)):
+            hidden = self.graphs.run(ids, pos, ctx_lens, tables)[None]
+        else:
+            meta = AttentionMetadata.build(tables, ctx_lens, q_lens, self.block_size, self.device)
+            input_ids = torch.tensor(ids, dtype=torch.long, device=self.device)[None]
+            positions = torch.tensor(pos, dtype=torch.long, device=self.device)[None]
+            hidden = self.model.hidden_states(input_ids, positions, attention=self._attention(meta))
         if not last_rows:
             return hidden.new_empty(0, 0), []
         rows = torch.tensor(last_rows, device=self.device)
         return self.model.logits(hidden[0, rows]).float()[:len(sample_reqs)], sample_reqs
+
+
+    def _attention(self, meta: AttentionMetadata):
+        if self.attention_backend == "flex":
+            from lab_utils.engine.flex_attention import FlexPagedAttention
+
+            return FlexPagedAttention(self.cache, meta)
+        return PagedAttention(self.cache, meta)
 
 
 def pad_decode_rows(ids: list[int], pos: list[int], ctx_lens: list[int], q_lens: list[int],
