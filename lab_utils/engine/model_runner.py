@@ -7,6 +7,7 @@ import torch
 from lab_utils.engine.attention import AttentionMetadata, PagedAttention
 from lab_utils.engine.kv_cache import KVCache
 from lab_utils.engine.request import Request
+from lab_utils.engine.split_attention import SplitMetadata, SplitPagedAttention
 
 
 class ModelRunner:
@@ -38,17 +39,22 @@ class ModelRunner:
         if self.graphs is not None and max(q_lens) == 1 and self.graphs.can_run(len(ids)):
             hidden = self.graphs.run(ids, pos, ctx_lens, tables)[None]
         else:
-            meta = AttentionMetadata.build(tables, ctx_lens, q_lens, self.block_size, self.device)
             input_ids = torch.tensor(ids, dtype=torch.long, device=self.device)[None]
             positions = torch.tensor(pos, dtype=torch.long, device=self.device)[None]
-            hidden = self.model.hidden_states(input_ids, positions, attention=self._attention(meta))
+            attention = self._attention(tables, ctx_lens, q_lens)
+            hidden = self.model.hidden_states(input_ids, positions, attention=attention)
         if not last_rows:
             return hidden.new_empty(0, 0), []
         rows = torch.tensor(last_rows, device=self.device)
         return self.model.logits(hidden[0, rows]).float()[:len(sample_reqs)], sample_reqs
 
-
-    def _attention(self, meta: AttentionMetadata):
+    def _attention(self, tables: list[list[int]], ctx_lens: list[int], q_lens: list[int]):
+        """The step's attention callable: mixed steps split into decode and prefill groups (split_attention)."""
+        if self.attention_backend == "sdpa":
+            split = SplitMetadata.build(tables, ctx_lens, q_lens, self.block_size, self.device)
+            if split is not None:
+                return SplitPagedAttention(self.cache, split)
+        meta = AttentionMetadata.build(tables, ctx_lens, q_lens, self.block_size, self.device)
         if self.attention_backend == "flex":
             from lab_utils.engine.flex_attention import FlexPagedAttention
 

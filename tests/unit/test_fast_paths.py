@@ -59,6 +59,23 @@ def test_flex_matches_reference_paged_attention(seed, hq, hkv):
     torch.testing.assert_close(out, ref, atol=1e-4, rtol=1e-4)
 
 
+@pytest.mark.parametrize("seed,hq,hkv", [(10, 4, 2), (11, 9, 3), (12, 2, 1)])
+def test_split_attention_matches_reference_on_mixed_steps(seed, hq, hkv):
+    from lab_utils.engine.split_attention import SplitMetadata, SplitPagedAttention
+
+    for s in range(seed, seed + 40):  # the first few random steps that mix decodes and prefill chunks
+        cache, tables, ctx, qlen, bs, q, k, v = _ragged_step(s, hq, hkv)
+        split = SplitMetadata.build(tables, ctx, qlen, bs, torch.device("cpu"))
+        if split is None:
+            assert all(x == 1 for x in qlen) or all(x > 1 for x in qlen)
+            continue
+        out = SplitPagedAttention(cache, split)(0, q, k, v)[0]
+        ref = paged_attention_reference(q[0], cache.k[0], cache.v[0], tables, ctx, qlen, bs)
+        torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
+        return
+    pytest.fail("no mixed step drawn")
+
+
 def test_backend_selection():
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
     assert select_attention_backend(cpu, enforce_eager=False) == "sdpa"
