@@ -188,8 +188,9 @@ class LLMEngine:
             self.step_log.append({
                 "step": self.num_steps, "start": t_start, "end": t,
                 "requests": [(r.request_id, n) for r, n in sched.scheduled],
-                "num_tokens": sched.num_tokens, "num_padding": sched.num_padding, "preempted": [r.request_id for r in sched.preempted],
+                "num_tokens": sched.num_tokens, "preempted": [r.request_id for r in sched.preempted],
                 "free_blocks": self.block_manager.num_free_blocks,
+                "num_padding": sched.num_padding,  # static batching: finished members computed as padding
             })
         return outputs
 
