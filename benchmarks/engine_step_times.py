@@ -1,7 +1,11 @@
 """Median decode-step time of the engine at several batch sizes (whatever lab_utils PYTHONPATH gives)."""
-import json, sys, time, statistics
-import torch
+import json
+import statistics
+import sys
+import time
+
 from lab_utils import EngineConfig, LLMEngine, SamplingParams, load_model
+
 model, tok = load_model("smollm2-135m", device="cpu")
 res = {}
 for B in [int(b) for b in sys.argv[2:]]:

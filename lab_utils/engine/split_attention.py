@@ -27,7 +27,7 @@ class SplitMetadata:
 
     @classmethod
     def build(cls, block_tables: list[list[int]], context_lens: list[int], query_lens: list[int],
-              block_size: int, device: torch.device) -> "SplitMetadata | None":
+              block_size: int, device: torch.device) -> SplitMetadata | None:
         """None when the step is not mixed (nothing to gain)."""
         is_dec = [q == 1 for q in query_lens]
         if all(is_dec) or not any(is_dec):

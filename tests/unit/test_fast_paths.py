@@ -11,12 +11,24 @@ import pytest
 import torch
 
 from lab_utils import EngineConfig, LLMEngine, SamplingParams
-from lab_utils.engine.attention import AttentionMetadata, PagedAttention, paged_attention_reference
+from lab_utils.engine.attention import (
+    AttentionMetadata,
+    paged_attention_reference,
+)
 from lab_utils.engine.cuda_graphs import (
-    DecodeGraphRunner, batch_buckets, bucket_for, context_bucket, pad_decode_batch, padded_metadata,
+    DecodeGraphRunner,
+    batch_buckets,
+    bucket_for,
+    context_bucket,
+    pad_decode_batch,
+    padded_metadata,
     runner_options,
 )
-from lab_utils.engine.flex_attention import FlexPagedAttention, flex_available, select_attention_backend
+from lab_utils.engine.flex_attention import (
+    FlexPagedAttention,
+    flex_available,
+    select_attention_backend,
+)
 from lab_utils.engine.kv_cache import KVCache
 
 needs_flex = pytest.mark.skipif(not flex_available(), reason="needs torch >= 2.5 (flex_attention)")
