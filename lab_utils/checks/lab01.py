@@ -4,7 +4,8 @@ A toy request only knows how many decode steps it still needs (`remaining`; 0 = 
 takes (running, waiting, max_num_seqs) and returns (running, waiting, finished):
 - continuous: finished requests leave, then waiting ones join (first come, first served) until the batch
   holds `max_num_seqs`;
-- static: finished requests leave, but nobody joins until the whole batch has left.
+- static: finished requests stop working (their slots idle, computed as padding in a real batch), but nobody
+  joins until the whole batch has left.
 """
 from __future__ import annotations
 

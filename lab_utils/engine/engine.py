@@ -9,6 +9,7 @@ import torch
 from lab_utils.device import now, resolve_device
 from lab_utils.engine.block_manager import BlockManager
 from lab_utils.engine.config import EngineConfig
+from lab_utils.engine.cuda_graphs import runner_options
 from lab_utils.engine.kv_cache import KVCache, bytes_per_token, storage_dtype
 from lab_utils.engine.model_runner import ModelRunner
 from lab_utils.engine.request import Request, RequestOutput, Status
@@ -55,7 +56,9 @@ class LLMEngine:
         self.block_manager = BlockManager(self.num_blocks, self.block_size,
                                           config.enable_prefix_caching and not contiguous, config.watermark)
         self.scheduler = Scheduler(config, self.block_manager, self._swap_out, self._swap_in)
-        self.runner = ModelRunner(model, self.kv_cache, self.block_size, self.device)
+        self.runner = ModelRunner(model, self.kv_cache, self.block_size, self.device,
+                                  **runner_options(config, self.device, model, self.kv_cache, self.block_size,
+                                                   self.max_model_len))
         self.spec = None  # speculative decoding (lab 07): turns decode steps into verify steps
         if config.speculative is not None:
             from lab_utils.spec.engine_hook import SpecDecoder
@@ -172,7 +175,7 @@ class LLMEngine:
                 req.metrics.first_scheduled_time = t_start
         plans, rows = self.spec.plan(sched.scheduled, self.config.max_num_batched_tokens - sched.num_tokens) \
             if self.spec is not None else ({}, None)
-        logits, to_sample = self.runner.run(sched.scheduled, rows)
+        logits, to_sample = self.runner.run(sched.scheduled, sched.num_padding, rows)
         for req, n in sched.scheduled:
             req.num_computed_tokens += n
         if self.spec is not None:  # verify the guesses (and roll back the rejected ones) before committing blocks
@@ -209,6 +212,7 @@ class LLMEngine:
                 "requests": [(r.request_id, n) for r, n in sched.scheduled],
                 "num_tokens": sched.num_tokens, "preempted": [r.request_id for r in sched.preempted],
                 "free_blocks": self.block_manager.num_free_blocks,
+                "num_padding": sched.num_padding,  # static batching: finished members computed as padding
             })
         return outputs
 

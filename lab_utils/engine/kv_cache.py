@@ -66,12 +66,20 @@ class KVCache:
             self.v_scale[layer].index_copy_(0, slots, vs)
 
     def read(self, layer: int, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Gather K, V at `slots` (any shape S) -> [*S, Hkv, D] in the compute dtype."""
-        k = self._raw(self.k[layer])[slots].view(self.store_dtype)
-        v = self._raw(self.v[layer])[slots].view(self.store_dtype)
+        """Gather K, V at `slots` (any shape S) -> [*S, Hkv, D] in the compute dtype.
+
+        `index_select` on the flat slots, not `cache[slots]`: the same rows, but a plain row copy (advanced
+        indexing with a 2-D index was 3-10x slower on CPU at batch 32-64, measured in issue #13)."""
+        flat = slots.reshape(-1)
+
+        def rows(t: torch.Tensor) -> torch.Tensor:
+            return t.index_select(0, flat).view(*slots.shape, *t.shape[1:])
+
+        k = rows(self._raw(self.k[layer])).view(self.store_dtype)
+        v = rows(self._raw(self.v[layer])).view(self.store_dtype)
         if self.quantized:
-            k = k.float() * self.k_scale[layer][slots].unsqueeze(-1)
-            v = v.float() * self.v_scale[layer][slots].unsqueeze(-1)
+            k = k.float() * rows(self.k_scale[layer]).unsqueeze(-1)
+            v = v.float() * rows(self.v_scale[layer]).unsqueeze(-1)
         return k.to(self.compute_dtype), v.to(self.compute_dtype)
 
     # -- swap (preemption by copying to host memory) ---------------------------------------------

@@ -7,17 +7,23 @@ import torch
 from lab_utils.engine.attention import AttentionMetadata, PagedAttention
 from lab_utils.engine.kv_cache import KVCache
 from lab_utils.engine.request import Request
+from lab_utils.engine.split_attention import SplitMetadata, SplitPagedAttention
 
 
 class ModelRunner:
-    def __init__(self, model: torch.nn.Module, cache: KVCache, block_size: int, device: torch.device) -> None:
+    def __init__(self, model: torch.nn.Module, cache: KVCache, block_size: int, device: torch.device,
+                 attention_backend: str = "sdpa", graphs=None) -> None:
         self.model, self.cache, self.block_size, self.device = model, cache, block_size, device
+        # fast paths (lab_utils.engine.cuda_graphs.runner_options): flex attention, decode CUDA graphs
+        self.attention_backend, self.graphs = attention_backend, graphs
         self.last_hidden: torch.Tensor | None = None  # final hidden states of the returned rows (speculation)
 
     @torch.inference_mode()
-    def run(self, scheduled: list[tuple[Request, int]], num_rows: list[int] | None = None
+    def run(self, scheduled: list[tuple[Request, int]], num_padding: int = 0, num_rows: list[int] | None = None
             ) -> tuple[torch.Tensor, list[Request]]:
         """Compute the scheduled tokens; return logits [S, V] for the S requests that reach their last token.
+
+        `num_padding` extra decode rows (static batching's finished members) are computed and thrown away.
         `num_rows[i]` > 1 returns that many trailing rows for entry i (a speculative verify needs k+1)."""
         ids, pos, ctx_lens, q_lens, tables, last_rows, sample_reqs = [], [], [], [], [], [], []
         for i, (req, n) in enumerate(scheduled):
@@ -31,12 +37,49 @@ class ModelRunner:
                 r = num_rows[i] if num_rows else 1
                 last_rows.extend(range(len(ids) - r, len(ids)))
                 sample_reqs.append(req)
-        meta = AttentionMetadata.build(tables, ctx_lens, q_lens, self.block_size, self.device)
-        input_ids = torch.tensor(ids, dtype=torch.long, device=self.device)[None]
-        positions = torch.tensor(pos, dtype=torch.long, device=self.device)[None]
-        hidden = self.model.hidden_states(input_ids, positions, attention=PagedAttention(self.cache, meta))
+        num_real = len(last_rows)
+        if num_padding:
+            ids, pos, ctx_lens, q_lens, tables, last_rows = pad_decode_rows(
+                ids, pos, ctx_lens, q_lens, tables, last_rows, num_padding)
+        if self.graphs is not None and max(q_lens) == 1 and self.graphs.can_run(len(ids)):
+            hidden = self.graphs.run(ids, pos, ctx_lens, tables)[None]
+        else:
+            input_ids = torch.tensor(ids, dtype=torch.long, device=self.device)[None]
+            positions = torch.tensor(pos, dtype=torch.long, device=self.device)[None]
+            attention = self._attention(tables, ctx_lens, q_lens)
+            hidden = self.model.hidden_states(input_ids, positions, attention=attention)
         if not last_rows:
             return hidden.new_empty(0, 0), []
         rows = torch.tensor(last_rows, device=self.device)
-        self.last_hidden = hidden[0, rows]
-        return self.model.logits(self.last_hidden).float(), sample_reqs
+        logits = self.model.logits(hidden[0, rows]).float()  # padding rows cost their lm head too, then go
+        self.last_hidden = hidden[0, rows[:num_real]]
+        return logits[:num_real], sample_reqs
+
+    def _attention(self, tables: list[list[int]], ctx_lens: list[int], q_lens: list[int]):
+        """The step's attention callable: mixed steps split into decode and prefill groups (split_attention)."""
+        if self.attention_backend == "sdpa":
+            split = SplitMetadata.build(tables, ctx_lens, q_lens, self.block_size, self.device)
+            if split is not None:
+                return SplitPagedAttention(self.cache, split)
+        meta = AttentionMetadata.build(tables, ctx_lens, q_lens, self.block_size, self.device)
+        if self.attention_backend == "flex":
+            from lab_utils.engine.flex_attention import FlexPagedAttention
+
+            return FlexPagedAttention(self.cache, meta)
+        return PagedAttention(self.cache, meta)
+
+
+def pad_decode_rows(ids: list[int], pos: list[int], ctx_lens: list[int], q_lens: list[int],
+                    tables: list[list[int]], last_rows: list[int], n: int) -> tuple:
+    """Append `n` one-token padding rows to a step, each a copy of the last token of the entry with the longest
+    context.
+
+    A copy costs what a padded row costs in a static batch (its attention spans the longest context, as in a
+    padded tensor), and it writes the very K/V its original writes to the same slot, so no real token's cache
+    changes. Its logits are computed (as `generate` computes them for finished rows) and then dropped."""
+    if n < 0:
+        raise ValueError(f"num_padding={n} must be >= 0")
+    r = max(range(len(ctx_lens)), key=ctx_lens.__getitem__)
+    last = sum(q_lens[:r + 1]) - 1  # flat index of entry r's last token
+    return (ids + [ids[last]] * n, pos + [pos[last]] * n, ctx_lens + [ctx_lens[r]] * n, q_lens + [1] * n,
+            tables + [tables[r]] * n, last_rows + [len(ids) + i for i in range(n)])

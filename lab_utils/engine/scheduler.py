@@ -4,6 +4,12 @@ Every policy returns the same thing: a list of (request, number of tokens to com
 "n prompt tokens", a decode is "1 token", so one forward pass can mix them.
 
 - `static`:       admit a batch together; nobody joins until every member has finished (the old baseline).
+                  A finished member stays in the batch as a padding row until the whole batch ends: every
+                  decode step runs at the batch's full size (`SchedulerOutput.num_padding` rows whose outputs
+                  are thrown away). That is what static batching costs in the papers' baseline (Orca's
+                  FasterTransformer) and in Hugging Face `generate` with padding: the batch is one tensor, and
+                  a finished row keeps computing until the longest row stops. Letting finished members leave
+                  would make static steps cheaper and understate what continuous batching saves.
 - `continuous`:   finished requests leave and waiting ones join at every step (Orca); prefill-first, as in
                   nano-vllm: a step is either all prefill or all decode.
 - `token_budget`: vLLM V1: each step first gives every running request its next token(s), then fills the rest
@@ -25,6 +31,7 @@ from lab_utils.engine.request import Request, Status
 class SchedulerOutput:
     scheduled: list[tuple[Request, int]] = field(default_factory=list)
     preempted: list[Request] = field(default_factory=list)
+    num_padding: int = 0  # static batching: rows of finished members still computed (outputs discarded)
 
     @property
     def num_tokens(self) -> int:
@@ -43,6 +50,7 @@ class Scheduler:
         self.static_quota = 0  # static batching: members of the current batch still to admit
         # speculative decoding: budget kept for each decode's guesses, so prefills do not crowd them out
         self.lookahead = config.speculative.num_speculative_tokens if config.speculative else 0
+        self.static_batch_size = 0  # static batching: rows of the current batch (finished members pad it)
 
     def add(self, req: Request) -> None:
         self.waiting.append(req)
@@ -62,7 +70,7 @@ class Scheduler:
                 self._schedule_waiting(out, budget)
             return out
         if policy == "static" and not self.running and self.static_quota == 0:
-            self.static_quota = min(len(self.waiting), self.config.max_num_seqs)
+            self.static_quota = self.static_batch_size = min(len(self.waiting), self.config.max_num_seqs)
         # prefill-first: a prefill step if any prompt work is possible, else a decode step
         budget = self._schedule_running(out, budget, decodes=False, prefills=True)
         if policy == "continuous" or self.static_quota > 0:
@@ -71,6 +79,8 @@ class Scheduler:
             self.static_quota = 0  # the batch could not grow further: it is closed
         if not out.scheduled:
             self._schedule_running(out, self.config.max_num_batched_tokens, decodes=True, prefills=False)
+            if policy == "static":
+                out.num_padding = max(0, self.static_batch_size - len(out.scheduled))
         return out
 
     def _schedule_running(self, out: SchedulerOutput, budget: int, decodes: bool, prefills: bool) -> int:

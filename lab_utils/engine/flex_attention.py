@@ -1,0 +1,91 @@
+"""FlexAttention over the paged KV cache: the engine's fast path on CUDA (issues #4, #13).
+
+Same maths and same interface as `PagedAttention` (the `attention(layer_idx, q, k, v)` callable the model's
+layers call), with `torch.nn.attention.flex_attention` in place of `scaled_dot_product_attention`:
+- the K/V of each sequence are gathered once per layer through its block table (`AttentionMetadata`), as in
+  `PagedAttention`;
+- which (query, key) pairs may attend is a `BlockMask` built once per step from the metadata's causal mask.
+  Flex skips every 128 x 128 tile the mask rules out, so the padding of a ragged batch (short sequences padded
+  to the longest) costs no compute, where SDPA with a dense mask computes it all and throws it away;
+- compiled (`torch.compile`), flex generates one fused Triton kernel on CUDA. Uncompiled it runs an eager
+  reference that materializes the scores: fine for tests on CPU, slow for serving.
+
+`select_attention_backend` picks flex on CUDA unless `enforce_eager` (the vLLM flag: no compilation, no
+graphs) and SDPA everywhere else.
+"""
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from lab_utils.engine.attention import AttentionMetadata, PagedAttention
+from lab_utils.engine.kv_cache import KVCache
+
+BACKENDS = ("auto", "sdpa", "flex")
+
+
+def flex_available() -> bool:
+    """True if this torch ships FlexAttention (torch >= 2.5)."""
+    try:
+        from torch.nn.attention import flex_attention  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def select_attention_backend(device: torch.device, enforce_eager: bool, requested: str = "auto") -> str:
+    """'flex' on CUDA (compiled kernels) unless enforce_eager; 'sdpa' otherwise. An explicit request wins."""
+    if requested not in BACKENDS:
+        raise ValueError(f"attention backend {requested!r} is invalid: must be one of {BACKENDS}")
+    if requested == "flex" and not flex_available():
+        raise ValueError("attention backend 'flex' needs torch >= 2.5 (torch.nn.attention.flex_attention)")
+    if requested != "auto":
+        return requested
+    return "flex" if device.type == "cuda" and not enforce_eager and flex_available() else "sdpa"
+
+
+@functools.lru_cache(maxsize=2)
+def _flex_fn(compiled: bool):
+    from torch.nn.attention.flex_attention import flex_attention
+
+    if not compiled:
+        return flex_attention
+    # dynamic: the batch and context lengths change every step; one kernel serves them all
+    return torch.compile(flex_attention, dynamic=True)
+
+
+def build_block_mask(meta: AttentionMetadata):
+    """The step's causal + padding mask [B, 1, Q, L] as a flex BlockMask (shared by all layers and heads)."""
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    dense = meta.mask[:, 0]  # [B, Q, L]
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        return dense[b, q_idx, kv_idx]
+
+    B, Q, L = dense.shape
+    return create_block_mask(mask_mod, B, None, Q, L, device=dense.device)
+
+
+class FlexPagedAttention(PagedAttention):
+    """`PagedAttention` with flex_attention: the callable the model's layers call during an engine step."""
+
+    def __init__(self, cache: KVCache, meta: AttentionMetadata, compiled: bool | None = None) -> None:
+        super().__init__(cache, meta)
+        self.compiled = cache.k.device.type == "cuda" if compiled is None else compiled
+        self.block_mask = build_block_mask(meta)
+
+    def __call__(self, layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        m = self.meta
+        q, k, v = q[0], k[0], v[0]  # [N, H, D]: the step's tokens, flat
+        self.cache.write(layer_idx, m.slot_mapping, k, v)
+        keys, values = self.cache.read(layer_idx, m.context_slots)  # [B, L, Hkv, D]
+        qp = q[m.query_index] if not m.decode_only else q[:, None]  # [B, Q, Hq, D]
+        out = _flex_fn(self.compiled)(
+            qp.transpose(1, 2), keys.transpose(1, 2), values.transpose(1, 2),
+            block_mask=self.block_mask, enable_gqa=True,
+        )  # [B, Hq, Q, D]
+        out = out.transpose(1, 2)
+        out = out[:, 0] if m.decode_only else out.reshape(-1, *out.shape[2:])[m.unpad_index]
+        return out[None]
