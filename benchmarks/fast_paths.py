@@ -73,8 +73,12 @@ def main(argv=None) -> int:
         ref = None
         for m in modes:
             t0 = time.perf_counter()
-            ms, toks = decode_step_ms(make_engine(model_tok, device, b, m), b, args.prompt_len, args.steps)
-            row[m] = {"decode_step_ms": ms, "wall_s": time.perf_counter() - t0}
+            eng = make_engine(model_tok, device, b, m)
+            ms, toks = decode_step_ms(eng, b, args.prompt_len, args.steps)
+            row[m] = {"decode_step_ms": ms, "wall_s": time.perf_counter() - t0,
+                      "fell_back": eng.runner.fast_path_error}  # a fast path that failed ran eager: not its time
+            if eng.runner.fast_path_error:
+                print(f"  {m}: FAILED and fell back to eager: {eng.runner.fast_path_error}", flush=True)
             if ref is None:
                 ref = toks
             else:

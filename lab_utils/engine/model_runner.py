@@ -2,6 +2,8 @@
 for the requests whose next token is due."""
 from __future__ import annotations
 
+import warnings
+
 import torch
 
 from lab_utils.engine.attention import AttentionMetadata, PagedAttention
@@ -17,6 +19,7 @@ class ModelRunner:
         # fast paths (lab_utils.engine.cuda_graphs.runner_options): flex attention, decode CUDA graphs
         self.attention_backend, self.graphs = attention_backend, graphs
         self.last_hidden: torch.Tensor | None = None  # final hidden states of the returned rows (speculation)
+        self.fast_path_error: str | None = None  # set when a fast path failed and the runner fell back to eager
 
     @torch.inference_mode()
     def run(self, scheduled: list[tuple[Request, int]], num_padding: int = 0, num_rows: list[int] | None = None
@@ -41,19 +44,33 @@ class ModelRunner:
         if num_padding:
             ids, pos, ctx_lens, q_lens, tables, last_rows = pad_decode_rows(
                 ids, pos, ctx_lens, q_lens, tables, last_rows, num_padding)
-        if self.graphs is not None and max(q_lens) == 1 and self.graphs.can_run(len(ids)):
-            hidden = self.graphs.run(ids, pos, ctx_lens, tables)[None]
-        else:
-            input_ids = torch.tensor(ids, dtype=torch.long, device=self.device)[None]
-            positions = torch.tensor(pos, dtype=torch.long, device=self.device)[None]
-            attention = self._attention(tables, ctx_lens, q_lens)
-            hidden = self.model.hidden_states(input_ids, positions, attention=attention)
+        try:
+            hidden = self._forward(ids, pos, ctx_lens, q_lens, tables)
+        except Exception as err:
+            if self.attention_backend == "sdpa" and self.graphs is None:
+                raise
+            # A fast path (flex / CUDA graphs) failed on this machine: say so loudly, record it, and finish the
+            # step on the eager path. Re-running is safe: K/V writes are idempotent (same values, same slots).
+            self.fast_path_error = f"{type(err).__name__}: {err}"
+            warnings.warn(f"fast path {self.attention_backend!r}/graphs failed ({self.fast_path_error}); "
+                          "falling back to eager SDPA attention (pass enforce_eager=True to skip the fast paths)")
+            self.attention_backend, self.graphs = "sdpa", None
+            hidden = self._forward(ids, pos, ctx_lens, q_lens, tables)
         if not last_rows:
             return hidden.new_empty(0, 0), []
         rows = torch.tensor(last_rows, device=self.device)
         logits = self.model.logits(hidden[0, rows]).float()  # padding rows cost their lm head too, then go
         self.last_hidden = hidden[0, rows[:num_real]]
         return logits[:num_real], sample_reqs
+
+    def _forward(self, ids: list[int], pos: list[int], ctx_lens: list[int], q_lens: list[int],
+                 tables: list[list[int]]) -> torch.Tensor:
+        if self.graphs is not None and max(q_lens) == 1 and self.graphs.can_run(len(ids)):
+            return self.graphs.run(ids, pos, ctx_lens, tables)[None]
+        input_ids = torch.tensor(ids, dtype=torch.long, device=self.device)[None]
+        positions = torch.tensor(pos, dtype=torch.long, device=self.device)[None]
+        attention = self._attention(tables, ctx_lens, q_lens)
+        return self.model.hidden_states(input_ids, positions, attention=attention)
 
     def _attention(self, tables: list[list[int]], ctx_lens: list[int], q_lens: list[int]):
         """The step's attention callable: mixed steps split into decode and prefill groups (split_attention)."""

@@ -158,3 +158,24 @@ def test_cuda_graph_replay_matches_eager():
     assert eng.runner.attention_backend == "flex"
     same = sum(a.token_ids == b.token_ids for a, b in zip(ref, got))
     assert same >= len(prompts) - 1, f"only {same}/{len(prompts)} greedy outputs equal eager (fp32)"
+
+
+def test_a_failing_fast_path_falls_back_to_eager_loudly():
+    """A flex/graph failure on some machine must not lose the step: warn, record, finish on the eager path."""
+    params = SamplingParams(max_tokens=6, temperature=0.0)
+    ref = LLMEngine("tiny-random", EngineConfig(num_gpu_blocks=64), device="cpu").generate(["a b c d"], params)
+    eng = LLMEngine("tiny-random", EngineConfig(num_gpu_blocks=64), device="cpu")
+
+    class Broken:
+        def can_run(self, n: int) -> bool:
+            return True
+
+        def run(self, *args):
+            raise RuntimeError("graph capture failed")
+
+    eng.runner.graphs = Broken()
+    with pytest.warns(UserWarning, match="falling back to eager"):
+        out = eng.generate(["a b c d"], params)
+    assert out[0].token_ids == ref[0].token_ids
+    assert "graph capture failed" in eng.runner.fast_path_error and eng.runner.graphs is None
+    eng.block_manager.check_all_free()
