@@ -18,16 +18,9 @@ from pathlib import Path
 
 import torch
 
-from lab_utils.models.loader import load_model
 from lab_utils.paths import DATA_DIR
 from lab_utils.spec.eagle import CONFIG_NAME, EagleHead, eagle_config_for, load_eagle
-from lab_utils.spec.heads_data import (
-    DataSpec,
-    build,
-    generation_starts,
-    num_tokens,
-    split_validation,
-)
+from lab_utils.spec.heads_data import DataSpec, load_heads_data
 from lab_utils.spec.heads_train import eval_eagle, init_eagle, train_eagle
 from lab_utils.spec.medusa import save_heads
 
@@ -64,12 +57,8 @@ def main(argv: list[str] | None = None) -> dict:
     if args.smoke:
         args.steps, args.batch, args.length, args.out = 30, 4, 16, tempfile.mkdtemp(prefix="eagle-smoke-")
     t0 = time.time()
-    target, tok = load_model(spec.model, device="cpu", dtype=torch.float32)
-    data = build(spec, target, tok)
-    train, val = split_validation(data["train"])
-    starts = generation_starts(data["heldout"], tok)   # score generated positions only
-    print(f"data: {len(data['train'])} train sequences ({num_tokens(data['train'])} tokens), "
-          f"{len(data['heldout'])} held out ({num_tokens(data['heldout'])} tokens) [{time.time() - t0:.0f} s]")
+    hd = load_heads_data(spec)
+    target, data, train, val, starts = hd.target, hd.data, hd.train, hd.val, hd.heldout_starts
     head = init_eagle(EagleHead(eagle_config_for(target.config), args.window))
     before = eval_eagle(head, target, data["heldout"], K, n_rows=1, starts=starts)
     print("held-out before training (n_rows=1):", before)
@@ -85,9 +74,7 @@ def main(argv: list[str] | None = None) -> dict:
     save_heads(head, cfg, args.out, CONFIG_NAME)
     reloaded = load_eagle(args.out)
     assert torch.allclose(reloaded.fc.weight, head.fc.weight.half().float())
-    result = {"data": {"spec": spec.__dict__, "train_sequences": len(data["train"]),
-                       "train_tokens": num_tokens(data["train"]), "heldout_tokens": num_tokens(data["heldout"]),
-                       "sources": sorted({s.source for s in data["train"]})},
+    result = {"data": {"spec": spec.__dict__, **hd.summary()},
               "parameters": sum(p.numel() for p in head.parameters()), "steps": log.steps, "batch": args.batch,
               "length": args.length, "positions_seen": log.positions,
               "sampled_vocab": args.sampled_vocab, "seconds": round(log.seconds),

@@ -18,15 +18,8 @@ from pathlib import Path
 
 import torch
 
-from lab_utils.models.loader import load_model
 from lab_utils.paths import DATA_DIR
-from lab_utils.spec.heads_data import (
-    DataSpec,
-    build,
-    generation_starts,
-    num_tokens,
-    split_validation,
-)
+from lab_utils.spec.heads_data import DataSpec, load_heads_data
 from lab_utils.spec.heads_train import eval_medusa, train_medusa
 from lab_utils.spec.medusa import CONFIG_NAME, MedusaHeads, load_medusa, save_heads
 
@@ -59,12 +52,8 @@ def main(argv: list[str] | None = None) -> dict:
     if args.smoke:
         args.steps, args.batch, args.lr, args.out = 30, 64, 3e-3, tempfile.mkdtemp(prefix="medusa-smoke-")
     t0 = time.time()
-    target, tok = load_model(spec.model, device="cpu", dtype=torch.float32)
-    data = build(spec, target, tok)
-    train, val = split_validation(data["train"])
-    starts = generation_starts(data["heldout"], tok)   # score generated positions only
-    print(f"data: {len(data['train'])} train sequences ({num_tokens(data['train'])} tokens), "
-          f"{len(data['heldout'])} held out ({num_tokens(data['heldout'])} tokens) [{time.time() - t0:.0f} s]")
+    hd = load_heads_data(spec)
+    target, data, train, val, starts = hd.target, hd.data, hd.train, hd.val, hd.heldout_starts
     heads = MedusaHeads(target.config.hidden_size, args.heads)
     before = eval_medusa(heads, target, data["heldout"], starts=starts)  # untrained = the target's own next-token guess
     print("held-out before training:", before)
@@ -78,9 +67,7 @@ def main(argv: list[str] | None = None) -> dict:
     save_heads(heads, cfg, args.out, CONFIG_NAME)
     reloaded = load_medusa(args.out)
     assert torch.allclose(reloaded.heads[0].linear.weight, heads.heads[0].linear.weight.half().float())
-    result = {"data": {"spec": spec.__dict__, "train_sequences": len(data["train"]),
-                       "train_tokens": num_tokens(data["train"]), "heldout_tokens": num_tokens(data["heldout"]),
-                       "sources": sorted({s.source for s in data["train"]})},
+    result = {"data": {"spec": spec.__dict__, **hd.summary()},
               "parameters": sum(p.numel() for p in heads.parameters()), "steps": log.steps, "batch": args.batch,
               "positions_seen": log.positions, "sampled_vocab": args.sampled_vocab, "seconds": round(log.seconds),
               "validation": {"sequences": len(val), "history": log.val, "best_step": log.best_step},

@@ -352,3 +352,35 @@ def num_tokens(seqs: list[Sequence]) -> int:
 
 def cache_path(spec: DataSpec) -> Path:
     return cache_dir() / "spec_heads" / f"data-{spec.key()}.pt"
+
+
+@dataclass
+class HeadsData:
+    """Everything a heads training script needs: the frozen target, its features, the splits."""
+
+    target: torch.nn.Module
+    tokenizer: object
+    data: dict[str, list[Sequence]]
+    train: list[Sequence]
+    val: list[Sequence]
+    heldout_starts: list[int]  # where each held-out sequence's generated answer begins (scored positions)
+
+    def summary(self) -> dict:
+        """The `data` block of a training result (what the model cards quote)."""
+        return {"train_sequences": len(self.data["train"]), "train_tokens": num_tokens(self.data["train"]),
+                "heldout_tokens": num_tokens(self.data["heldout"]),
+                "sources": sorted({s.source for s in self.data["train"]})}
+
+
+def load_heads_data(spec: DataSpec) -> HeadsData:
+    """Load the target, build (or reuse the cached) features for `spec`, split off validation, mark scored positions."""
+    from lab_utils.models.loader import load_model
+
+    t0 = time.time()
+    target, tok = load_model(spec.model, device="cpu", dtype=torch.float32)
+    data = build(spec, target, tok)
+    train, val = split_validation(data["train"])
+    out = HeadsData(target, tok, data, train, val, generation_starts(data["heldout"], tok))
+    print(f"data: {len(data['train'])} train sequences ({num_tokens(data['train'])} tokens), "
+          f"{len(data['heldout'])} held out ({num_tokens(data['heldout'])} tokens) [{time.time() - t0:.0f} s]")
+    return out
