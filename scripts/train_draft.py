@@ -40,7 +40,10 @@ def stage_teacher(args) -> None:
     from lab_utils.models.loader import load_model
 
     torch.manual_seed(args.seed)
+    from lab_utils.engine.cpu_linear import fast_linears
+
     model, tok = load_model(TEACHER, device="cpu")
+    model = fast_linears(model, model.device)  # oneDNN-packed linears: ~1.3-2x faster generation on a CPU
     t0 = time.time()
     deadline = t0 + args.minutes * 60
     held = make_prompts(tok, args.heldout_prompts, "heldout", seed=args.seed)

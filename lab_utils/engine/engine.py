@@ -9,6 +9,7 @@ import torch
 from lab_utils.device import now, resolve_device
 from lab_utils.engine.block_manager import BlockManager
 from lab_utils.engine.config import EngineConfig
+from lab_utils.engine.cpu_linear import fast_linears
 from lab_utils.engine.cuda_graphs import runner_options
 from lab_utils.engine.kv_cache import KVCache, bytes_per_token, storage_dtype
 from lab_utils.engine.model_runner import ModelRunner
@@ -56,14 +57,15 @@ class LLMEngine:
         self.block_manager = BlockManager(self.num_blocks, self.block_size,
                                           config.enable_prefix_caching and not contiguous, config.watermark)
         self.scheduler = Scheduler(config, self.block_manager, self._swap_out, self._swap_in)
-        self.runner = ModelRunner(model, self.kv_cache, self.block_size, self.device,
+        self.runner = ModelRunner(fast_linears(model, self.device), self.kv_cache, self.block_size, self.device,
                                   **runner_options(config, self.device, model, self.kv_cache, self.block_size,
                                                    self.max_model_len))
         self.spec = None  # speculative decoding (lab 07): turns decode steps into verify steps
         if config.speculative is not None:
             from lab_utils.spec.engine_hook import SpecDecoder
 
-            self.spec = SpecDecoder(config.speculative, model, self.device, self.block_manager, self.max_model_len)
+            self.spec = SpecDecoder(config.speculative, self.runner.model, self.device, self.block_manager,
+                                    self.max_model_len)  # the runner's model: its packed lm head on a CPU
         self.eos_ids = self._eos_ids()
         self.requests: dict[str, Request] = {}
         self._pending_outputs: list[RequestOutput] = []

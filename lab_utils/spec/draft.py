@@ -41,7 +41,9 @@ class DraftModelProposer(Proposer):
                                  f"not exist; train it (scripts/train_draft.py) or set model=<a model sharing the "
                                  f"target's tokenizer>")
             draft_model, _ = load_model(name, device=device, dtype=getattr(target_model, "dtype", None))
-        self.model = draft_model.eval()
+        from lab_utils.engine.cpu_linear import fast_linears
+
+        self.model = fast_linears(draft_model.eval(), draft_model.device)  # packed view on a CPU (engine's GEMM)
         if target_model is not None and draft_model.config.vocab_size != target_model.config.vocab_size:
             raise ValueError(f"draft vocab_size={draft_model.config.vocab_size} differs from the target's "
                              f"{target_model.config.vocab_size}: the draft must share the target's tokenizer")

@@ -1,0 +1,84 @@
+"""CPU fast path for linear layers: weights reordered once into oneDNN's blocked layout.
+
+`F.linear` on a CPU calls MKL's sgemm, which repacks the weight on every call and picks a slow kernel for a
+handful of rows: on a 2-core AVX2 machine a 5-row product with SmolLM2's lm head (49152 x 576) takes 2.6x as
+long as a 1-row one, and the lm head alone is ~13% of a decode step. oneDNN can reorder the weight *once*
+into the layout its kernels read (what vLLM's CPU backend and torch.compile's freezing pass do), after which a
+product costs nearly the same for 1 and 5 rows and ~2x less at 1 row for the lm head. That matters twice here:
+decode steps of small batches (continuous batching) and speculative verify steps of k+1 rows (lab 07).
+
+The engine builds a *view* of the caller's model whose `nn.Linear`s are `PackedLinear`s: the caller's model is
+not changed, and parameters are shared, not copied (the packed weight is the one extra copy). The packed
+weight is a snapshot taken when the engine is built, as vLLM's is: train the model, then build a new engine.
+Results equal `F.linear` to float32 round-off (different summation order), checked in tests/unit/test_cpu_linear.py.
+It is the CPU's ordinary GEMM kernel, as in vLLM's CPU backend, not a compile-or-graph trick, so
+`enforce_eager` leaves it on; `LAB_CPU_PACKED_LINEAR=0` turns it off (for A/B measurements). Never used on
+CUDA, for non-float32 weights, or where oneDNN is missing.
+"""
+from __future__ import annotations
+
+import copy
+import os
+
+import torch
+from torch import nn
+
+
+def packed_linear_available(device: torch.device, dtype: torch.dtype) -> bool:
+    """oneDNN packing pays for float32 on CPU; bf16/fp16 on a CPU without native support would be emulated."""
+    return device.type == "cpu" and dtype == torch.float32 and torch.backends.mkldnn.is_available()
+
+
+# Rows (per thread) from which MKL's own GEMM is as fast again: a prefill chunk of a few hundred tokens is
+# compute-bound and MKL's large-M kernel beat the packed one by 5-15% for SmolLM2's layer shapes (measured on
+# the 2-core AVX2 VM, 1 and 2 threads). A vocabulary-sized output (the lm head) kept oneDNN ahead to ~512 rows.
+MKL_MIN_ROWS_PER_THREAD = 64
+MKL_MIN_ROWS_PER_THREAD_WIDE = 512
+WIDE_OUTPUT = 16384
+
+
+class PackedLinear(nn.Module):
+    """An `nn.Linear` (no bias or with bias) whose weight is reordered once for oneDNN; many-row inputs (large
+    prefill chunks) go to the plain `F.linear` on the shared weight, which is faster there."""
+
+    def __init__(self, linear: nn.Linear) -> None:
+        super().__init__()
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.weight = linear.weight  # shared with the source model (tied embeddings, `.weight` readers)
+        self.bias = linear.bias
+        with torch.no_grad():
+            self.packed = torch.ops.mkldnn._reorder_linear_weight(linear.weight.detach())
+        per_thread = MKL_MIN_ROWS_PER_THREAD_WIDE if self.out_features >= WIDE_OUTPUT else MKL_MIN_ROWS_PER_THREAD
+        self.mkl_min_rows = per_thread * torch.get_num_threads()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dtype != torch.float32 or x.requires_grad or x.numel() >= self.mkl_min_rows * self.in_features:
+            return nn.functional.linear(x, self.weight, self.bias)  # many rows, training, other dtypes
+        bias = None if self.bias is None else self.bias.detach()
+        return torch.ops.mkldnn._linear_pointwise(x, self.packed, bias, "none", [], "")
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, oneDNN-packed"
+
+
+def pack_linears(model: nn.Module) -> tuple[nn.Module, int]:
+    """A copy of `model`'s module tree that shares its parameters and buffers, with every plain `nn.Linear`
+    replaced by a `PackedLinear`. Returns (view, number of linears packed); the input model is unchanged."""
+    memo = {id(t): t for t in [*model.parameters(), *model.buffers()]}
+    view = copy.deepcopy(model, memo)
+    count = 0
+    for module in list(view.modules()):
+        for name, child in list(module.named_children()):
+            if type(child) is nn.Linear and child.weight.dtype == torch.float32:
+                setattr(module, name, PackedLinear(child))
+                count += 1
+    return view, count
+
+
+def fast_linears(model: nn.Module, device: torch.device) -> nn.Module:
+    """The model the engine's runner calls: a packed view on CPU (float32, oneDNN present, not turned off by
+    LAB_CPU_PACKED_LINEAR=0), the model itself otherwise."""
+    if os.environ.get("LAB_CPU_PACKED_LINEAR", "1") == "0" or not packed_linear_available(device, model.dtype):
+        return model
+    view, count = pack_linears(model)
+    return view if count else model

@@ -1,0 +1,75 @@
+"""oneDNN-packed linears (the engine's CPU GEMM): same results as F.linear, the caller's model untouched."""
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from lab_utils import EngineConfig, LLMEngine, SamplingParams, load_model
+from lab_utils.engine.cpu_linear import PackedLinear, fast_linears, pack_linears, packed_linear_available
+
+needs_onednn = pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="needs oneDNN (mkldnn)")
+
+
+@needs_onednn
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("shape", [(1, 64), (5, 64), (3, 7, 64), (33, 64)])
+def test_packed_linear_equals_f_linear(bias, shape):
+    torch.manual_seed(0)
+    lin = nn.Linear(64, 96, bias=bias)
+    x = torch.randn(*shape)
+    with torch.inference_mode():
+        got = PackedLinear(lin)(x)
+    torch.testing.assert_close(got, nn.functional.linear(x, lin.weight, lin.bias), rtol=1e-5, atol=1e-5)
+    assert got.shape == (*shape[:-1], 96)
+
+
+@needs_onednn
+def test_training_takes_the_plain_path():
+    lin = nn.Linear(8, 4)
+    packed = PackedLinear(lin)
+    x = torch.randn(2, 8, requires_grad=True)
+    packed(x).sum().backward()  # gradients flow through F.linear
+    assert lin.weight.grad is not None and x.grad is not None
+
+
+@needs_onednn
+def test_pack_linears_shares_parameters_and_leaves_the_model_alone():
+    model, _ = load_model("tiny-random", device="cpu", dtype=torch.float32)
+    view, count = pack_linears(model)
+    assert count == 7 * model.config.num_hidden_layers + 1  # q k v o gate up down per layer, lm head
+    assert all(type(m) is not PackedLinear for m in model.modules()), "the caller's model must not change"
+    assert view.lm_head.weight is model.lm_head.weight  # shared (tied to the embedding), not copied
+    assert view.model.embed_tokens.weight is model.model.embed_tokens.weight
+    ids = torch.randint(0, model.config.vocab_size, (2, 11))
+    with torch.inference_mode():
+        torch.testing.assert_close(view(ids), model(ids), rtol=1e-4, atol=1e-4)
+
+
+def test_fast_linears_is_cpu_float32_only(monkeypatch):
+    model, _ = load_model("tiny-random", device="cpu", dtype=torch.float32)
+    assert packed_linear_available(torch.device("cpu"), torch.float32) == torch.backends.mkldnn.is_available()
+    assert not packed_linear_available(torch.device("cpu"), torch.bfloat16)
+    assert not packed_linear_available(torch.device("cuda"), torch.float32)
+    monkeypatch.setenv("LAB_CPU_PACKED_LINEAR", "0")
+    assert fast_linears(model, torch.device("cpu")) is model
+
+
+@needs_onednn
+def test_engine_greedy_outputs_equal_with_and_without_packing(monkeypatch):
+    model, tok = load_model("tiny-random", device="cpu", dtype=torch.float32)
+    prompts = [[5 + i, 17, 99, 3 * i + 1][: 2 + i % 3] for i in range(6)]
+    params = SamplingParams(max_tokens=12, ignore_eos=True)
+
+    def run():
+        eng = LLMEngine((model, tok), EngineConfig(max_num_seqs=4, num_gpu_blocks=64), device="cpu")
+        out = [o.token_ids for o in eng.generate(prompts, params)]
+        eng.block_manager.check_all_free()
+        return eng, out
+
+    eng, packed = run()
+    assert any(type(m) is PackedLinear for m in eng.runner.model.modules())
+    monkeypatch.setenv("LAB_CPU_PACKED_LINEAR", "0")
+    eng, plain = run()
+    assert eng.runner.model is model
+    assert packed == plain
