@@ -47,7 +47,7 @@ def stage_teacher(args) -> None:
     t0 = time.time()
     deadline = t0 + args.minutes * 60
     held = make_prompts(tok, args.heldout_prompts, "heldout", seed=args.seed)
-    train = make_prompts(tok, args.train_prompts, "train", seed=args.seed)
+    train = make_prompts(tok, args.train_prompts, "train", seed=args.seed, mix=tuple(args.mix))
     meta = {"teacher": TEACHER, "new_tokens": args.new_tokens, "top_k": args.top_k, "seed": args.seed}
     held_rec, done, spent = None, [], 0.0
     if targets_path().exists():  # resume: keep what an earlier run produced, generate only the rest
@@ -83,6 +83,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--train-prompts", type=int, default=4000)
     ap.add_argument("--heldout-prompts", type=int, default=64)
+    ap.add_argument("--mix", nargs="+", type=float, default=[0.5, 0.3, 0.2],
+                    help="shares of training prompts: chat wiki play [quote] (the teacher stage)")
     ap.add_argument("--steps", type=int, default=0, help="training steps (the LR schedule's length); 0: the schedule "
                     "follows the wall budget --minutes instead")
     ap.add_argument("--train-batch", type=int, default=8, help="teacher sequences per training step")
@@ -90,6 +92,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--temperature", type=float, default=1.0)
     ap.add_argument("--alpha", type=float, default=0.7, help="weight of the soft KD term (1 - alpha: hard CE)")
     ap.add_argument("--eval-every", type=int, default=200)
+    ap.add_argument("--init-from", default=None, help="continue from this draft checkpoint (a folder) instead of "
+                    "the PCA initialisation")
     ap.add_argument("--raw-per-batch", type=int, default=3, help="plain-text windows per step (CE, no teacher)")
     ap.add_argument("--raw-texts", type=int, default=4000, help="plain-text windows to draw them from")
     args = ap.parse_args(argv)

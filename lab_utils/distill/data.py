@@ -25,7 +25,7 @@ HELDOUT_PLAYS = ("hamlet", "the_tempest", "twelfth_night")  # never trained on
 @dataclass(frozen=True)
 class Prompt:
     ids: tuple[int, ...]
-    source: str  # "chat", "wiki", "play"
+    source: str  # "chat", "wiki", "play", "quote"
     text: str
 
 
@@ -50,9 +50,16 @@ def _docs(heldout: bool):
     return [d for d in load_corpus() if is_heldout(d.title) == heldout]
 
 
+QUOTE_INSTRUCTION = "Repeat the following passage exactly, word for word:\n\n{passage}"  # lab 07's quote workload
+
+
 def make_prompts(tokenizer, n: int, split: str = "train", seed: int = 0,
-                 mix: tuple[float, float, float] = (0.5, 0.3, 0.2)) -> list[Prompt]:
-    """`n` prompts of the given split, `mix` = shares of (chat, wiki, play). Seeded, so reruns agree."""
+                 mix: tuple[float, ...] = (0.5, 0.3, 0.2)) -> list[Prompt]:
+    """`n` prompts of the given split, `mix` = shares of (chat, wiki, play[, quote]). Seeded, so reruns agree.
+
+    "quote" asks (in the chat template) to repeat a ~120-token passage of a play of the split word for word:
+    the teacher's answer copies its prompt, which teaches a draft to copy (lab 07's quote workload uses the
+    held-out plays only)."""
     if split not in ("train", "heldout"):
         raise ValueError(f"split={split!r} is invalid: use 'train' or 'heldout'")
     if n < 1:
@@ -62,8 +69,10 @@ def make_prompts(tokenizer, n: int, split: str = "train", seed: int = 0,
     rng = random.Random(f"{seed}-{split}")
     held = split == "heldout"
     docs, plays = _docs(held), _plays(held)
-    counts = [round(n * s) for s in mix]
-    counts[0] += n - sum(counts)
+    if len(mix) not in (3, 4) or min(mix) < 0 or sum(mix) <= 0:
+        raise ValueError(f"mix={mix} is invalid: give 3 or 4 non-negative shares (chat, wiki, play[, quote])")
+    counts = [round(n * s / sum(mix)) for s in mix] + [0] * (4 - len(mix))
+    counts[counts.index(max(counts))] += n - sum(counts)
     out: list[Prompt] = []
     for _ in range(counts[0]):
         d = rng.choice(docs)
@@ -79,6 +88,12 @@ def make_prompts(tokenizer, n: int, split: str = "train", seed: int = 0,
         start = text.find("\n", rng.randrange(len(text) - 2000)) + 1
         ids = tokenizer(text[start:start + 400], add_special_tokens=False).input_ids[:24]
         out.append(Prompt(tuple(ids), "play", tokenizer.decode(ids)))
+    for _ in range(counts[3]):
+        _name, text = rng.choice(plays)
+        start = text.find("\n", rng.randrange(len(text) - 2000)) + 1
+        passage = tokenizer.decode(tokenizer(text[start:start + 1000], add_special_tokens=False).input_ids[:120])
+        chat = chat_prompt(tokenizer, QUOTE_INSTRUCTION.format(passage=passage))
+        out.append(Prompt(tuple(tokenizer(chat, add_special_tokens=False).input_ids), "quote", chat))
     rng.shuffle(out)
     return out
 

@@ -187,7 +187,14 @@ def run_cli(args, targets_path: Path, out_dir: Path, teacher_name: str) -> dict:
         steps, deadline = args.steps, t0 + args.minutes * 60
         print(f"[train] {len(train_rec)} train seqs ({meta['train_tokens']} tokens), {len(val_rec)} val, "
               f"{len(test_rec)} test; teacher stage took {meta['seconds']}s", flush=True)
-    student = init_student(cfg, teacher, seed=args.seed)
+    init_from = getattr(args, "init_from", None)
+    if init_from:  # warm start: continue an earlier run's checkpoint (same architecture)
+        student, _ = load_model(str(init_from), device="cpu", dtype=torch.float32)
+        student.train()
+        prior = Path(init_from) / "train_log.json"
+        prior_summary = json.loads(prior.read_text())["summary"] if prior.exists() else {}
+    else:
+        student, prior_summary = init_student(cfg, teacher, seed=args.seed), {}
     del teacher
     base = evaluate(student, test_rec)
     print(f"[train] params {num_params(student):,}; PCA-init test agreement {base['agreement']:.3f}", flush=True)
@@ -237,7 +244,11 @@ def run_cli(args, targets_path: Path, out_dir: Path, teacher_name: str) -> dict:
                    test_agreement=round(test["agreement"], 4), test_agreement_all=round(test["agreement_all"], 4),
                    test_kd_loss=round(test["kd_loss"], 4), test_by_position=[round(x, 4) for x in test["by_position"]],
                    train_sequences=len(train_rec), train_tokens=sum(len(r["ids"]) for r in train_rec),
-                   tokens_seen=int(tokens_seen), config={"T": args.temperature, "alpha": args.alpha, "lr": args.lr,
+                   tokens_seen=int(tokens_seen),
+                   init_from=str(init_from) if init_from else None,
+                   prior_run={k: prior_summary.get(k) for k in ("steps", "seconds", "tokens_seen", "val_agreement",
+                                                                "test_agreement")} if prior_summary else None,
+                   config={"T": args.temperature, "alpha": args.alpha, "lr": args.lr,
                                                                  "batch": args.train_batch, "seed": args.seed,
                                                                  "raw_per_batch": args.raw_per_batch,
                                                                  "raw_texts": args.raw_texts})
@@ -252,6 +263,21 @@ def write_model_card(folder: Path, summary: dict, command: str) -> Path:
     c = json.loads((folder / "config.json").read_text())
     mb = (folder / "model.safetensors").stat().st_size / 1e6
     cfg = summary["config"]
+    prior = summary.get("prior_run")
+    init = (f"embedding = the teacher's embedding projected on its top {c['hidden_size']} principal directions; "
+            f"the rest random (seed {cfg['seed']})")
+    if prior:
+        init = (f"warm start: the checkpoint of an earlier run of this script ({prior['steps']} steps, "
+                f"{prior['tokens_seen']:,} tokens seen, validation agreement {prior['val_agreement']:.1%}), itself "
+                f"initialised so: " + init)
+    start_row = ("the warm-start checkpoint (start of this run)" if prior
+                 else "same architecture, PCA-initialised, untrained")
+    if summary["test_agreement"] >= 0.5:
+        limits = "The aim of >= 50% agreement was reached on the test half of the held-out prompts."
+    else:
+        limits = (f"This is a small run on a CPU ({summary['tokens_seen']:,} target tokens seen). The aim of >= 50% "
+                  f"agreement was not reached; more teacher sequences and more steps (same command, larger "
+                  f"`--minutes`, or a GPU) are the way there.")
     text = f"""# smollm2-draft: a {summary['params'] / 1e6:.1f} M-parameter draft distilled from SmolLM2-135M-Instruct
 
 The course's own draft model for speculative decoding (lab 07), made in lab 06's way: knowledge distillation
@@ -263,7 +289,7 @@ from SmolLM2-135M-Instruct (the teacher and the target it drafts for). Llama arc
 | layers / hidden / heads (KV) / head dim / MLP | {c['num_hidden_layers']} / {c['hidden_size']} / {c['num_attention_heads']} ({c['num_key_value_heads']}) / {c['head_dim']} / {c['intermediate_size']} |
 | parameters | {summary['params']:,} (tied embedding = LM head: {c['vocab_size'] * c['hidden_size']:,}) |
 | file | `model.safetensors`, fp16, {mb:.1f} MB |
-| init | embedding = the teacher's embedding projected on its top {c['hidden_size']} principal directions; the rest random (seed {cfg['seed']}) |
+| init | {init} |
 
 ## Training
 
@@ -284,7 +310,7 @@ from SmolLM2-135M-Instruct (the teacher and the target it drafts for). Llama arc
 - **Optimiser**: AdamW (0.9, 0.98), peak LR {cfg['lr']}, 50 warm-up steps then cosine to 10% following the wall
   budget, {cfg['batch']} sequences per step, gradient clip 1.0; checkpoint = the best validation agreement.
 - **Run**: {summary['steps']} steps, {summary['tokens_seen']:,} tokens seen, {summary['seconds'] / 60:.0f} min on a
-  2-core x86_64 CPU VM shared with other jobs (one thread), torch {torch.__version__}; best step {summary['best_step']}.
+  2-core x86_64 CPU VM (one thread; other jobs ran beside it), torch {torch.__version__}; best step {summary['best_step']}.
 - **Final loss** (training batches, teacher and plain text together, EMA): {summary['final_loss_ema']:.3f} (first
   step {summary['first_loss']:.3f});
   held-out KD loss (T = 1, generated positions): {summary['test_kd_loss']:.3f}.
@@ -299,14 +325,11 @@ draft's acceptance rate approximates), over up to 64 generated tokens per prompt
 | this draft, generated positions (test half of the held-out prompts) | **{summary['test_agreement']:.1%}** |
 | this draft, all positions (prompt text included) | {summary['test_agreement_all']:.1%} |
 | validation half (chose the checkpoint) | {summary['val_agreement']:.1%} |
-| same architecture, PCA-initialised, untrained | {summary['init_test_agreement']:.1%} |
+| {start_row} | {summary['init_test_agreement']:.1%} |
 
 `train_log.json` holds the loss curve, validation agreement over training and agreement by position.
 
-**Limits.** This is a small run: the machine gave the training process about a seventh of one core, so it saw
-{summary['tokens_seen']:,} target tokens, and validation agreement was still rising at the last step. The aim of
->= 50% agreement was not reached; more teacher sequences and more steps (same command, larger `--minutes`, on a
-quiet machine or a GPU) are the way there.
+**Limits.** {limits}
 
 ## Reproduce
 

