@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import time
 
@@ -60,7 +61,8 @@ def main(argv: list[str] | None = None) -> dict:
     model_tok = load_model(a.model, device="cpu", dtype=torch.float32)
     engines = build_engines(model_tok, method_configs(a.methods, a.k, a.draft, a.lookup_min, a.lookup_max))
     params = SamplingParams(max_tokens=a.max_tokens)
-    result = {"machine": "2-core x86_64 CPU VM shared with other jobs", "platform": platform.platform(),
+    result = {"machine": f"{os.cpu_count()}-core {platform.machine()} CPU", "load_avg_1m_start": os.getloadavg()[0],
+              "omp_num_threads": torch.get_num_threads(), "platform": platform.platform(),
               "torch": torch.__version__, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
               "args": vars(a), "methods": list(engines), "by_batch_size": {}}
 
@@ -79,6 +81,7 @@ def main(argv: list[str] | None = None) -> dict:
             sp, acc, tps = s["median_speedup"], s["acceptance_rate"], s["mean_tokens_per_verify_step"]
             print(f"  => {name:10s} speed-up {sp:.2f}x (median per prompt), {s['total_wall_speedup']:.2f}x (total wall)  acceptance {'-' if acc is None else f'{acc:.2f}'}  "
                   f"tokens/verify {'-' if tps is None else f'{tps:.2f}'}  identical={s['greedy_identical']}")
+    result["load_avg_1m_end"] = os.getloadavg()[0]
     if a.json:
         with open(a.json, "w") as f:
             json.dump(result, f, indent=1)

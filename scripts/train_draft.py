@@ -25,9 +25,17 @@ OUT_DIR = DATA_DIR / "models" / "smollm2-draft"
 # what made data/models/smollm2-draft (the teacher stage ran beside the training stage, which picks up new
 # teacher sequences at every evaluation)
 COMMAND = """export PYTHONPATH=$PWD OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1
+# run 1 (session of 2026-11-30 early): 512 teacher sequences, 330 steps from the PCA initialisation
 python scripts/train_draft.py --stage teacher --minutes 18        # held-out targets, then training targets
 python scripts/train_draft.py --stage teacher --minutes 29 &      # resumes: more training targets, meanwhile
-python scripts/train_draft.py --stage train --minutes 40 --eval-every 50"""
+python scripts/train_draft.py --stage train --minutes 40 --eval-every 50
+cp -r data/models/smollm2-draft /tmp/draft_v1
+# run 2 (this checkpoint): more teacher sequences (the teacher now on oneDNN-packed linears), then a warm start;
+# while it trained, a third teacher stage added copy ("quote") prompts, picked up at the next evaluation
+python scripts/train_draft.py --stage teacher --minutes 25 --train-prompts 6000
+python scripts/train_draft.py --stage train --minutes 35 --eval-every 200 --lr 1e-3 --alpha 0.5 \\
+    --raw-per-batch 2 --init-from /tmp/draft_v1 &
+python scripts/train_draft.py --stage teacher --minutes 7 --train-prompts 600 --mix 0 0 0 1"""
 
 
 def targets_path() -> Path:

@@ -88,6 +88,44 @@ def test_split_attention_matches_reference_on_mixed_steps(seed, hq, hkv):
     pytest.fail("no mixed step drawn")
 
 
+@pytest.mark.parametrize("group_rows", [1, 2, 3, 8])
+def test_decode_rows_attend_in_groups_sorted_by_context(group_rows):
+    """Many decodes (+ a prefill chunk or not): groups of <= group_rows decode rows, same result as one pass."""
+    from lab_utils.engine.split_attention import SplitMetadata, SplitPagedAttention
+
+    rng = random.Random(group_rows)
+    block_size, hq, hkv, d = 4, 6, 2, 16
+    for with_prefill in (False, True):
+        ctx = [rng.randint(1, 40) for _ in range(11)]
+        qlen = [1] * 10 + [rng.randint(2, ctx[-1]) if with_prefill and ctx[-1] > 1 else 1]
+        blocks = list(range(200))
+        rng.shuffle(blocks)
+        tables, i = [], 0
+        for c in ctx:
+            tables.append(blocks[i:i + -(-c // block_size)])
+            i += len(tables[-1])
+        cache = KVCache(1, 200, block_size, hkv, d, torch.float32, torch.float32, torch.device("cpu"))
+        g = torch.Generator().manual_seed(group_rows)
+        cache.k.copy_(torch.randn(cache.k.shape, generator=g))
+        cache.v.copy_(torch.randn(cache.v.shape, generator=g))
+        N = sum(qlen)
+        q, k, v = (torch.randn(1, N, h, d, generator=g) for h in (hq, hkv, hkv))
+        split = SplitMetadata.build(tables, ctx, qlen, block_size, torch.device("cpu"), group_rows=group_rows)
+        assert split is not None
+        n_dec = sum(x == 1 for x in qlen)
+        assert len(split.groups) == -(-n_dec // group_rows) + (n_dec < len(qlen))
+        for rows, meta in split.groups[:-(-n_dec // group_rows)]:  # decode groups: sorted, no more than asked
+            assert len(rows) <= group_rows
+        dec_ctx = [ctx[r] for rows, _ in split.groups[:-(-n_dec // group_rows)] for r in rows.tolist()]
+        assert dec_ctx == sorted(dec_ctx)  # (decode rows' flat index = their entry index: they come first)
+        out = SplitPagedAttention(cache, split)(0, q, k, v)[0]
+        ref = paged_attention_reference(q[0], cache.k[0], cache.v[0], tables, ctx, qlen, block_size)
+        torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
+    assert SplitMetadata.build([[0]] * 3, [2, 3, 4], [1, 1, 1], 4, torch.device("cpu"), group_rows=8) is None
+    with pytest.raises(ValueError, match="group_rows"):
+        SplitMetadata.build([[0]], [2], [1], 4, torch.device("cpu"), group_rows=0)
+
+
 def test_backend_selection():
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
     assert select_attention_backend(cpu, enforce_eager=False) == "sdpa"
