@@ -197,7 +197,7 @@ def run_cli(args, targets_path: Path, out_dir: Path, teacher_name: str) -> dict:
         student, prior_summary = init_student(cfg, teacher, seed=args.seed), {}
     del teacher
     base = evaluate(student, test_rec)
-    print(f"[train] params {num_params(student):,}; PCA-init test agreement {base['agreement']:.3f}", flush=True)
+    print(f"[train] params {num_params(student):,}; test agreement at the start {base['agreement']:.3f}", flush=True)
     best = {"agreement": -1.0}
     summary: dict = {}
 
