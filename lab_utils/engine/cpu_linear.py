@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import copy
 import os
+import weakref
 
 import torch
 from torch import nn
@@ -78,10 +79,25 @@ def pack_linears(model: nn.Module) -> tuple[nn.Module, int]:
     return view, count
 
 
+# one packed view per model, shared by every engine built on it (a lab often builds several engines on one
+# model: each would otherwise hold its own extra copy of the weights); reused only while no weight has changed
+_VIEWS: "weakref.WeakKeyDictionary[nn.Module, tuple[nn.Module, list[int]]]" = weakref.WeakKeyDictionary()
+
+
+def _versions(model: nn.Module) -> list[int]:
+    return [p._version for p in model.parameters()]  # bumped by every in-place change (training, copy_)
+
+
 def fast_linears(model: nn.Module, device: torch.device) -> nn.Module:
     """The model the engine's runner calls: a packed view on CPU (float32, oneDNN present, not turned off by
     LAB_CPU_PACKED_LINEAR=0), the model itself otherwise."""
     if os.environ.get("LAB_CPU_PACKED_LINEAR", "1") == "0" or not packed_linear_available(device, model.dtype):
         return model
+    cached = _VIEWS.get(model)
+    if cached is not None and cached[1] == _versions(model):
+        return cached[0]
     view, count = pack_linears(model)
-    return view if count else model
+    if not count:
+        return model
+    _VIEWS[model] = (view, _versions(model))
+    return view

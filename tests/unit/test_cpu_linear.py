@@ -73,3 +73,19 @@ def test_engine_greedy_outputs_equal_with_and_without_packing(monkeypatch):
     eng, plain = run()
     assert eng.runner.model is model
     assert packed == plain
+
+
+@needs_onednn
+def test_engines_on_one_model_share_the_packed_view_until_a_weight_changes():
+    model, _ = load_model("tiny-random", device="cpu", dtype=torch.float32)
+    cpu = torch.device("cpu")
+    first = fast_linears(model, cpu)
+    assert fast_linears(model, cpu) is first  # a second engine reuses it: no second copy of the weights
+    with torch.no_grad():
+        model.model.layers[0].mlp.up_proj.weight.add_(1.0)  # e.g. a lab trains or quantizes in place
+    second = fast_linears(model, cpu)
+    assert second is not first
+    x = torch.randn(3, model.config.hidden_size)
+    with torch.inference_mode():
+        torch.testing.assert_close(second.model.layers[0].mlp.up_proj(x),
+                                   nn.functional.linear(x, model.model.layers[0].mlp.up_proj.weight))
