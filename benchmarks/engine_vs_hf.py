@@ -24,7 +24,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from engine_vs_vllm import KEYS, machine  # noqa: E402  (same machine record and metric names)
+from bench_common import KEYS, machine  # noqa: E402  (same machine record and metric names as engine_vs_vllm)
 
 WORKLOAD = ROOT / "benchmarks" / "results" / "lab01_workload.json"
 

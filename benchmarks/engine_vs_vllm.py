@@ -17,7 +17,6 @@ import cProfile
 import io
 import json
 import os
-import platform
 import pstats
 import statistics
 import sys
@@ -32,21 +31,7 @@ from lab_utils import vllm_env  # noqa: E402
 
 vllm_env.setup()
 
-KEYS = ("output_throughput", "request_throughput", "median_ttft_ms", "p99_ttft_ms", "median_tpot_ms",
-        "median_itl_ms", "median_e2el_ms", "duration")
-
-
-def machine() -> dict:
-    info = {"platform": platform.platform(), "cpus": os.cpu_count(), "python": platform.python_version(),
-            "omp_num_threads": os.environ.get("OMP_NUM_THREADS"), "load_avg_1m_start": os.getloadavg()[0]}
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                info["cpu_model"] = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return info
+from bench_common import KEYS, machine  # noqa: E402  (shared with engine_vs_hf.py)
 
 
 def versions() -> dict:

@@ -6,7 +6,12 @@ import torch
 from torch import nn
 
 from lab_utils import EngineConfig, LLMEngine, SamplingParams, load_model
-from lab_utils.engine.cpu_linear import PackedLinear, fast_linears, pack_linears, packed_linear_available
+from lab_utils.engine.cpu_linear import (
+    PackedLinear,
+    fast_linears,
+    pack_linears,
+    packed_linear_available,
+)
 
 needs_onednn = pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="needs oneDNN (mkldnn)")
 
