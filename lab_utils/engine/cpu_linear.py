@@ -8,7 +8,8 @@ product costs nearly the same for 1 and 5 rows and ~2x less at 1 row for the lm 
 decode steps of small batches (continuous batching) and speculative verify steps of k+1 rows (lab 07).
 
 The engine builds a *view* of the caller's model whose `nn.Linear`s are `PackedLinear`s: the caller's model is
-not changed, and parameters are shared, not copied (the packed weight is the one extra copy). The packed
+not changed, and parameters are shared, not copied (the packed weight is the one extra copy). For a plain Llama
+the view's layers are also fused (`cpu_fused`: q/k/v and gate/up packed as one weight each, fewer small kernels). The packed
 weight is a snapshot taken when the engine is built, as vLLM's is: train the model, then build a new engine.
 Results equal `F.linear` to float32 round-off (different summation order), checked in tests/unit/test_cpu_linear.py.
 It is the CPU's ordinary GEMM kernel, as in vLLM's CPU backend, not a compile-or-graph trick, so
@@ -31,9 +32,11 @@ def packed_linear_available(device: torch.device, dtype: torch.dtype) -> bool:
 
 
 # Where MKL's own kernels win again (measured on the 2-core AVX2 VM, 1 and 2 threads, SmolLM2's shapes):
-# - one row (a batch-1 decode): MKL's matrix-vector kernel, 25-60% faster for the layer linears;
-# - many rows (a prefill chunk of a few hundred tokens, compute-bound): MKL's large-M GEMM, 5-15% faster.
-# A vocabulary-sized output (the lm head) kept oneDNN ahead from 1 row up to ~512 rows.
+# many rows (a prefill chunk of a few hundred tokens, compute-bound): MKL's large-M GEMM, 5-10% faster.
+# A vocabulary-sized output (the lm head) kept oneDNN ahead up to ~512 rows. At one row (a batch-1 decode)
+# oneDNN wins too once the weights come from memory as in a real forward (30 layers' distinct weights, 420 MB):
+# 22.5 vs 29.5 ms for SmolLM2's layer linears. (An earlier measurement that reused one layer's weights, which
+# then sat in cache, had MKL's matrix-vector kernel ahead; session 4 of issue #13 corrected that.)
 MKL_MIN_ROWS_PER_THREAD = 64
 MKL_MIN_ROWS_PER_THREAD_WIDE = 512
 WIDE_OUTPUT = 16384
@@ -50,13 +53,17 @@ class PackedLinear(nn.Module):
         self.bias = linear.bias
         with torch.no_grad():
             self.packed = torch.ops.mkldnn._reorder_linear_weight(linear.weight.detach())
-        self.wide = self.out_features >= WIDE_OUTPUT
-        per_thread = MKL_MIN_ROWS_PER_THREAD_WIDE if self.wide else MKL_MIN_ROWS_PER_THREAD
-        self.mkl_min_rows = per_thread * torch.get_num_threads()
+        self.mkl_min_rows = self.min_rows_for_mkl(self.out_features)
+
+    @staticmethod
+    def min_rows_for_mkl(out_features: int) -> int:
+        """From how many rows of input MKL's plain GEMM beats the packed kernel (see MKL_MIN_ROWS_PER_THREAD)."""
+        per_thread = MKL_MIN_ROWS_PER_THREAD_WIDE if out_features >= WIDE_OUTPUT else MKL_MIN_ROWS_PER_THREAD
+        return per_thread * torch.get_num_threads()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.numel() // self.in_features
-        if x.dtype != torch.float32 or x.requires_grad or rows >= self.mkl_min_rows or (rows == 1 and not self.wide):
+        if x.dtype != torch.float32 or x.requires_grad or rows >= self.mkl_min_rows:
             return nn.functional.linear(x, self.weight, self.bias)  # see MKL_MIN_ROWS_PER_THREAD; training; dtypes
         bias = None if self.bias is None else self.bias.detach()
         return torch.ops.mkldnn._linear_pointwise(x, self.packed, bias, "none", [], "")
@@ -65,17 +72,26 @@ class PackedLinear(nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, oneDNN-packed"
 
 
-def pack_linears(model: nn.Module) -> tuple[nn.Module, int]:
+def pack_linears(model: nn.Module, fuse: bool = True) -> tuple[nn.Module, int]:
     """A copy of `model`'s module tree that shares its parameters and buffers, with every plain `nn.Linear`
-    replaced by a `PackedLinear`. Returns (view, number of linears packed); the input model is unchanged."""
+    replaced by a `PackedLinear`, and for a plain Llama the layers fused (`cpu_fused`: q/k/v and gate/up as one
+    packed weight each, fewer small kernels). Returns (view, number of linears packed); the model is unchanged."""
+    from lab_utils.engine.cpu_fused import fusable, fuse_layers
+
     memo = {id(t): t for t in [*model.parameters(), *model.buffers()]}
     view = copy.deepcopy(model, memo)
     count = 0
+    fused = fuse and fusable(model)
     for module in list(view.modules()):
         for name, child in list(module.named_children()):
+            if fused and name in ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj"):
+                continue  # packed together by fuse_layers, not one by one (one packed copy of each weight)
             if type(child) is nn.Linear and child.weight.dtype == torch.float32:
                 setattr(module, name, PackedLinear(child))
                 count += 1
+    if fused:
+        fuse_layers(view)
+        count += 5 * len(view.model.layers)
     return view, count
 
 

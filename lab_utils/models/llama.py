@@ -213,6 +213,15 @@ class LlamaForCausalLM(nn.Module):
         attention: AttentionFn = dense_causal_attention,
     ) -> torch.Tensor:
         """input_ids [B, T] -> final hidden states [B, T, H] (after the last norm)."""
+        positions = self.checked_positions(input_ids, positions)
+        x = self.model.embed_tokens(input_ids)
+        cos, sin = self.model.rotary_emb(positions, x.dtype)
+        for layer in self.model.layers:
+            x = layer(x, cos, sin, attention)
+        return self.model.norm(x)
+
+    def checked_positions(self, input_ids: torch.Tensor, positions: torch.Tensor | None) -> torch.Tensor:
+        """The positions of `input_ids` [B, T]: 0..T-1 unless given; a clear error for a bad shape or length."""
         if input_ids.dim() != 2:
             raise ValueError(f"input_ids must be [batch, seq], got shape {tuple(input_ids.shape)}")
         if positions is None:
@@ -223,11 +232,7 @@ class LlamaForCausalLM(nn.Module):
                 )
             positions = torch.arange(input_ids.shape[1], device=input_ids.device).expand_as(input_ids)
         # callers that pass positions (the engine, the KV caches) bound them already: no host sync per forward
-        x = self.model.embed_tokens(input_ids)
-        cos, sin = self.model.rotary_emb(positions, x.dtype)
-        for layer in self.model.layers:
-            x = layer(x, cos, sin, attention)
-        return self.model.norm(x)
+        return positions
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden)

@@ -6,6 +6,8 @@ import torch
 from torch import nn
 
 from lab_utils import EngineConfig, LLMEngine, SamplingParams, load_model
+from lab_utils.models.llama import LlamaForCausalLM
+from lab_utils.engine.cpu_fused import FusedLlamaDecoderLayer, FusedLlamaForCausalLM, FusedPackedLinear, fusable
 from lab_utils.engine.cpu_linear import (
     PackedLinear,
     fast_linears,
@@ -91,6 +93,52 @@ def test_engines_on_one_model_share_the_packed_view_until_a_weight_changes():
     second = fast_linears(model, cpu)
     assert second is not first
     x = torch.randn(3, model.config.hidden_size)
-    with torch.inference_mode():
-        torch.testing.assert_close(second.model.layers[0].mlp.up_proj(x),
+    inter = model.config.intermediate_size
+    with torch.inference_mode():  # the fused gate/up weight was packed again, from the changed weight
+        torch.testing.assert_close(second.model.layers[0].gate_up(x)[:, inter:],
                                    nn.functional.linear(x, model.model.layers[0].mlp.up_proj.weight))
+
+
+@needs_onednn
+@pytest.mark.parametrize("rows", [1, 3, 2048])  # 2048: past min_rows_for_mkl, the linears run one by one
+def test_fused_packed_linear_equals_the_linears_side_by_side(rows):
+    torch.manual_seed(0)
+    linears = [nn.Linear(64, n, bias=False) for n in (96, 32, 32)]
+    fused = FusedPackedLinear(linears)
+    x = torch.randn(rows, 64)
+    with torch.inference_mode():
+        got = fused(x)
+    want = torch.cat([nn.functional.linear(x, lin.weight) for lin in linears], dim=-1)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="bias-free"):
+        FusedPackedLinear([nn.Linear(4, 4, bias=True)])
+
+
+@needs_onednn
+def test_fused_view_computes_the_reference_model():
+    model, _ = load_model("tiny-random", device="cpu", dtype=torch.float32)
+    view, _ = pack_linears(model)
+    assert type(view) is FusedLlamaForCausalLM and type(model) is LlamaForCausalLM
+    assert all(type(layer) is FusedLlamaDecoderLayer for layer in view.model.layers)
+    torch.manual_seed(0)
+    ids = torch.randint(0, model.config.vocab_size, (3, 9))
+    pos = torch.arange(5, 14).expand(3, 9)  # positions given (the engine's and the KV caches' call)
+    with torch.inference_mode():
+        torch.testing.assert_close(view(ids), model(ids), rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(view(ids, pos), model(ids, pos), rtol=1e-4, atol=1e-4)
+    with pytest.raises(ValueError, match="batch, seq"):
+        view.hidden_states(ids[0])  # the reference's input checks hold on the fast path too
+
+
+@needs_onednn
+def test_only_plain_float32_llama_models_are_fused():
+    model, _ = load_model("tiny-random", device="cpu", dtype=torch.float32)
+    assert fusable(model)
+    assert type(pack_linears(model, fuse=False)[0]) is LlamaForCausalLM  # packed one by one only
+
+    class Custom(LlamaForCausalLM):  # a subclass may change the layer maths: keep its forward
+        pass
+
+    custom = Custom(model.config)
+    assert not fusable(custom) and type(pack_linears(custom)[0]) is Custom
+    assert not fusable(load_model("tiny-random", device="cpu", dtype=torch.bfloat16)[0])

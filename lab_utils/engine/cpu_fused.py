@@ -1,0 +1,105 @@
+"""CPU fast path for the whole layer stack: fewer, bigger kernels per layer (issue #13).
+
+After `cpu_linear` packs the weights, a small-batch decode step on a CPU is still ~30% small-tensor work: per
+layer two RMSNorms (each five kernels on a CPU), RoPE on q and on k (five kernels each), three linears that
+read the same input (q, k, v) and two more (gate, up), and ~10 module calls. Every kernel costs a few
+microseconds of dispatch and an OpenMP fork/join whatever its size, and at batch 1-16 there are ~40 of them
+per layer. This view does the same maths with ~15 per layer:
+
+- q, k and v are one packed linear (their weights concatenated once), as are gate and up (vLLM's
+  `QKVParallelLinear` and `MergedColumnParallelLinear` do the same, for the same reason);
+- RoPE rotates q and k together, as one `addcmul` over the 12 heads: x*cos + roll(x, D/2)*sin_signed, where
+  sin_signed = (-sin, +sin) on the two halves is `rotate_half` folded into a table built once per step;
+- RMSNorm is `F.rms_norm` with its weight, in place of norm-then-multiply;
+- one Python loop over plain tensors, no module calls inside a layer.
+
+Same results as the reference `LlamaForCausalLM` to float32 round-off (tests/unit/test_cpu_linear.py), same
+`hidden_states` interface, so the runner, the speculative decoders and the attention callables do not know which
+model they run. Built by `cpu_linear.pack_linears` for plain Llama models; the model the labs teach is unchanged.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from lab_utils.engine.cpu_linear import PackedLinear
+from lab_utils.models.llama import AttentionFn, LlamaDecoderLayer, LlamaForCausalLM, dense_causal_attention
+
+
+class FusedPackedLinear(nn.Module):
+    """Linears that read the same input, as one oneDNN-packed weight whose output is their outputs side by side.
+    Row counts where MKL wins (see `PackedLinear`) run the original linears one by one, on the shared weights."""
+
+    def __init__(self, linears: list[nn.Module]) -> None:
+        super().__init__()
+        if any(lin.bias is not None for lin in linears):
+            raise ValueError("FusedPackedLinear takes bias-free linears (Llama's)")
+        self.weights = [lin.weight for lin in linears]  # shared with the source model, not registered twice
+        self.in_features = linears[0].in_features
+        self.out_features = sum(lin.out_features for lin in linears)
+        with torch.no_grad():
+            self.packed = torch.ops.mkldnn._reorder_linear_weight(torch.cat([w.detach() for w in self.weights]))
+        self.mkl_min_rows = PackedLinear.min_rows_for_mkl(self.out_features)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.numel() // self.in_features >= self.mkl_min_rows:
+            return torch.cat([F.linear(x, w) for w in self.weights], dim=-1)
+        return torch.ops.mkldnn._linear_pointwise(x, self.packed, None, "none", [], "")
+
+
+class FusedLlamaDecoderLayer(LlamaDecoderLayer):
+    """A `LlamaDecoderLayer` (same parameters) with q/k/v and gate/up fused; set up by `fuse_layers`."""
+
+    def fuse(self) -> None:
+        a, m = self.self_attn, self.mlp
+        self.qkv = FusedPackedLinear([a.q_proj, a.k_proj, a.v_proj])  # nn.Linear or PackedLinear: both have .weight
+        self.gate_up = FusedPackedLinear([m.gate_proj, m.up_proj])
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor, attention: AttentionFn
+                ) -> torch.Tensor:
+        a, m = self.self_attn, self.mlp
+        B, T, H = x.shape
+        hq, hkv, d = a.num_heads, a.num_kv_heads, a.head_dim
+        h = F.rms_norm(x, (H,), self.input_layernorm.weight, self.input_layernorm.eps)
+        qkv = self.qkv(h)
+        qk = qkv[..., : (hq + hkv) * d].view(B, T, hq + hkv, d)
+        qk = torch.addcmul(qk * cos, qk.roll(d // 2, -1), sin_signed)  # RoPE on q and k at once
+        v = qkv[..., (hq + hkv) * d:].view(B, T, hkv, d)
+        out = attention(a.layer_idx, qk[:, :, :hq], qk[:, :, hq:], v)
+        x = x + a.o_proj(out.reshape(B, T, hq * d))
+        h = F.rms_norm(x, (H,), self.post_attention_layernorm.weight, self.post_attention_layernorm.eps)
+        gu = self.gate_up(h)
+        i = gu.shape[-1] // 2
+        return x + m.down_proj(F.silu(gu[..., :i]).mul_(gu[..., i:]))  # SwiGLU
+
+
+class FusedLlamaForCausalLM(LlamaForCausalLM):
+    """The reference model's `hidden_states`, with the RoPE tables built once per call and fused layers."""
+
+    def hidden_states(self, input_ids: torch.Tensor, positions: torch.Tensor | None = None,
+                      attention: AttentionFn = dense_causal_attention) -> torch.Tensor:
+        positions = self.checked_positions(input_ids, positions)
+        x = self.model.embed_tokens(input_ids)
+        cos, sin = self.model.rotary_emb(positions, x.dtype)  # [B, T, D]
+        half = cos.shape[-1] // 2
+        sin_signed = torch.cat((-sin[..., :half], sin[..., half:]), dim=-1)  # rotate_half's sign, folded in
+        cos, sin_signed = cos.unsqueeze(2), sin_signed.unsqueeze(2)  # broadcast over heads
+        for layer in self.model.layers:
+            x = layer(x, cos, sin_signed, attention)
+        norm = self.model.norm
+        return F.rms_norm(x, x.shape[-1:], norm.weight, norm.eps)
+
+
+def fusable(model: nn.Module) -> bool:
+    """Plain float32 Llama models only: subclasses may change the layer maths, other dtypes keep their norms."""
+    return (type(model) is LlamaForCausalLM and model.dtype == torch.float32
+            and all(type(layer) is LlamaDecoderLayer for layer in model.model.layers))
+
+
+def fuse_layers(view: LlamaForCausalLM) -> None:
+    """Turn a (packed) view of a Llama model into its fused form, in place. The view's parameters stay shared."""
+    for layer in view.model.layers:
+        layer.__class__ = FusedLlamaDecoderLayer
+        layer.fuse()
+    view.__class__ = FusedLlamaForCausalLM
