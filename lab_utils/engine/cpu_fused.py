@@ -24,7 +24,12 @@ import torch.nn.functional as F
 from torch import nn
 
 from lab_utils.engine.cpu_linear import PackedLinear
-from lab_utils.models.llama import AttentionFn, LlamaDecoderLayer, LlamaForCausalLM, dense_causal_attention
+from lab_utils.models.llama import (
+    AttentionFn,
+    LlamaDecoderLayer,
+    LlamaForCausalLM,
+    dense_causal_attention,
+)
 
 
 class FusedPackedLinear(nn.Module):

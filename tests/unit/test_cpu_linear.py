@@ -6,14 +6,19 @@ import torch
 from torch import nn
 
 from lab_utils import EngineConfig, LLMEngine, SamplingParams, load_model
-from lab_utils.models.llama import LlamaForCausalLM
-from lab_utils.engine.cpu_fused import FusedLlamaDecoderLayer, FusedLlamaForCausalLM, FusedPackedLinear, fusable
+from lab_utils.engine.cpu_fused import (
+    FusedLlamaDecoderLayer,
+    FusedLlamaForCausalLM,
+    FusedPackedLinear,
+    fusable,
+)
 from lab_utils.engine.cpu_linear import (
     PackedLinear,
     fast_linears,
     pack_linears,
     packed_linear_available,
 )
+from lab_utils.models.llama import LlamaForCausalLM
 
 needs_onednn = pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="needs oneDNN (mkldnn)")
 
