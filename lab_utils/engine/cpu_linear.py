@@ -97,7 +97,7 @@ def pack_linears(model: nn.Module, fuse: bool = True) -> tuple[nn.Module, int]:
 
 # one packed view per model, shared by every engine built on it (a lab often builds several engines on one
 # model: each would otherwise hold its own extra copy of the weights); reused only while no weight has changed
-_VIEWS: weakref.WeakKeyDictionary[nn.Module, tuple[nn.Module, list[int]]] = weakref.WeakKeyDictionary()
+_VIEWS: weakref.WeakKeyDictionary[nn.Module, tuple[nn.Module, list[int], bool]] = weakref.WeakKeyDictionary()
 
 
 def _versions(model: nn.Module) -> list[int]:
@@ -106,14 +106,16 @@ def _versions(model: nn.Module) -> list[int]:
 
 def fast_linears(model: nn.Module, device: torch.device) -> nn.Module:
     """The model the engine's runner calls: a packed view on CPU (float32, oneDNN present, not turned off by
-    LAB_CPU_PACKED_LINEAR=0), the model itself otherwise."""
+    LAB_CPU_PACKED_LINEAR=0), with fused layers unless LAB_CPU_FUSED_LAYERS=0; the model itself otherwise.
+    (The two switches are for A/B measurements: benchmarks/engine_step_times.py.)"""
     if os.environ.get("LAB_CPU_PACKED_LINEAR", "1") == "0" or not packed_linear_available(device, model.dtype):
         return model
+    fuse = os.environ.get("LAB_CPU_FUSED_LAYERS", "1") != "0"
     cached = _VIEWS.get(model)
-    if cached is not None and cached[1] == _versions(model):
+    if cached is not None and cached[1] == _versions(model) and cached[2] == fuse:
         return cached[0]
-    view, count = pack_linears(model)
+    view, count = pack_linears(model, fuse=fuse)
     if not count:
         return model
-    _VIEWS[model] = (view, _versions(model))
+    _VIEWS[model] = (view, _versions(model), fuse)
     return view

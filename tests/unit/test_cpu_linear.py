@@ -147,3 +147,21 @@ def test_only_plain_float32_llama_models_are_fused():
     custom = Custom(model.config)
     assert not fusable(custom) and type(pack_linears(custom)[0]) is Custom
     assert not fusable(load_model("tiny-random", device="cpu", dtype=torch.bfloat16)[0])
+
+
+@needs_onednn
+def test_fused_layers_switch_off_for_ab_measurements(monkeypatch):
+    model, tok = load_model("tiny-random", device="cpu", dtype=torch.float32)
+    cpu = torch.device("cpu")
+    assert type(fast_linears(model, cpu)) is FusedLlamaForCausalLM
+    monkeypatch.setenv("LAB_CPU_FUSED_LAYERS", "0")
+    plain = fast_linears(model, cpu)
+    assert type(plain) is LlamaForCausalLM and plain is not model  # still packed, one linear at a time
+    assert type(plain.model.layers[0].self_attn.q_proj) is PackedLinear
+    prompts, params = [[5, 17, 99], [3, 1]], SamplingParams(max_tokens=10, ignore_eos=True)
+    unfused = [o.token_ids for o in LLMEngine((model, tok), EngineConfig(num_gpu_blocks=32), device="cpu")
+               .generate(prompts, params)]
+    monkeypatch.delenv("LAB_CPU_FUSED_LAYERS")
+    eng = LLMEngine((model, tok), EngineConfig(num_gpu_blocks=32), device="cpu")
+    assert type(eng.runner.model) is FusedLlamaForCausalLM
+    assert [o.token_ids for o in eng.generate(prompts, params)] == unfused
