@@ -96,10 +96,23 @@ class FusedLlamaForCausalLM(LlamaForCausalLM):
         return F.rms_norm(x, x.shape[-1:], norm.weight, norm.eps)
 
 
+_MLP_PROJECTIONS = ("gate_proj", "up_proj", "down_proj")
+_PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", *_MLP_PROJECTIONS)
+
+
 def fusable(model: nn.Module) -> bool:
-    """Plain float32 Llama models only: subclasses may change the layer maths, other dtypes keep their norms."""
-    return (type(model) is LlamaForCausalLM and model.dtype == torch.float32
-            and all(type(layer) is LlamaDecoderLayer for layer in model.model.layers))
+    """Plain float32 Llama models only: subclasses may change the layer maths, other dtypes keep their norms, and
+    a layer whose projections were swapped (lab 05's quantized linears, tensor-parallel shards) keeps its own."""
+    if type(model) is not LlamaForCausalLM or model.dtype != torch.float32:
+        return False
+    for layer in model.model.layers:
+        if type(layer) is not LlamaDecoderLayer:
+            return False
+        for name in _PROJECTIONS:
+            lin = getattr(layer.mlp if name in _MLP_PROJECTIONS else layer.self_attn, name, None)
+            if type(lin) is not nn.Linear or lin.bias is not None or lin.weight.dtype != torch.float32:
+                return False
+    return True
 
 
 def fuse_layers(view: LlamaForCausalLM) -> None:

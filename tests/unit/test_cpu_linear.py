@@ -19,6 +19,7 @@ from lab_utils.engine.cpu_linear import (
     packed_linear_available,
 )
 from lab_utils.models.llama import LlamaForCausalLM
+from lab_utils.quant.linear import quantize_model
 
 needs_onednn = pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="needs oneDNN (mkldnn)")
 
@@ -146,6 +147,13 @@ def test_only_plain_float32_llama_models_are_fused():
 
     custom = Custom(model.config)
     assert not fusable(custom) and type(pack_linears(custom)[0]) is Custom
+    quantized, _ = load_model("tiny-random", device="cpu", dtype=torch.float32)
+    quantize_model(quantized, "int8")  # lab 05 swaps the projections for Int8Linear: those layers keep their forward
+    assert not fusable(quantized)
+    view, _ = pack_linears(quantized)
+    ids = torch.randint(0, model.config.vocab_size, (1, 7))
+    with torch.inference_mode():
+        torch.testing.assert_close(view(ids), quantized(ids), rtol=1e-4, atol=1e-4)
     assert not fusable(load_model("tiny-random", device="cpu", dtype=torch.bfloat16)[0])
 
 
