@@ -8,9 +8,10 @@ product costs nearly the same for 1 and 5 rows and ~2x less at 1 row for the lm 
 decode steps of small batches (continuous batching) and speculative verify steps of k+1 rows (lab 07).
 
 The engine builds a *view* of the caller's model whose `nn.Linear`s are `PackedLinear`s: the caller's model is
-not changed, and parameters are shared, not copied (the packed weight is the one extra copy). For a plain Llama
-the view's layers are also fused (`cpu_fused`: q/k/v and gate/up packed as one weight each, fewer small kernels). The packed
-weight is a snapshot taken when the engine is built, as vLLM's is: train the model, then build a new engine.
+not changed, and parameters are shared, not copied (the packed weight is the one extra copy). For a plain
+Llama the view's layers are also fused (`cpu_fused`: q/k/v and gate/up packed as one weight each, fewer small
+kernels). The packed weight is a snapshot taken when the engine is built, as vLLM's is: train the model, then
+build a new engine.
 Results equal `F.linear` to float32 round-off (different summation order), checked in tests/unit/test_cpu_linear.py.
 It is the CPU's ordinary GEMM kernel, as in vLLM's CPU backend, not a compile-or-graph trick, so
 `enforce_eager` leaves it on; `LAB_CPU_PACKED_LINEAR=0` turns it off (for A/B measurements). Never used on

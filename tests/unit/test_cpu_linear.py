@@ -118,6 +118,9 @@ def test_fused_packed_linear_equals_the_linears_side_by_side(rows):
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
     with pytest.raises(ValueError, match="bias-free"):
         FusedPackedLinear([nn.Linear(4, 4, bias=True)])
+    x.requires_grad_(True)
+    fused(x).sum().backward()  # training takes the plain linears: gradients reach the shared weights
+    assert all(lin.weight.grad is not None for lin in linears)
 
 
 @needs_onednn
