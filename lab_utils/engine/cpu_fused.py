@@ -48,8 +48,8 @@ class FusedPackedLinear(nn.Module):
         self.mkl_min_rows = PackedLinear.min_rows_for_mkl(self.out_features)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.dtype != torch.float32 or x.requires_grad or x.numel() // self.in_features >= self.mkl_min_rows:
-            return torch.cat([F.linear(x, w) for w in self.weights], dim=-1)  # as PackedLinear: MKL rows, training
+        if PackedLinear.plain_path(x, self.in_features, self.mkl_min_rows):
+            return torch.cat([F.linear(x, w) for w in self.weights], dim=-1)
         return torch.ops.mkldnn._linear_pointwise(x, self.packed, None, "none", [], "")
 
 

@@ -62,10 +62,14 @@ class PackedLinear(nn.Module):
         per_thread = MKL_MIN_ROWS_PER_THREAD_WIDE if out_features >= WIDE_OUTPUT else MKL_MIN_ROWS_PER_THREAD
         return per_thread * torch.get_num_threads()
 
+    @staticmethod
+    def plain_path(x: torch.Tensor, in_features: int, mkl_min_rows: int) -> bool:
+        """Whether `x` goes to plain `F.linear`: enough rows for MKL (MKL_MIN_ROWS_PER_THREAD), training, dtypes."""
+        return x.dtype != torch.float32 or x.requires_grad or x.numel() // in_features >= mkl_min_rows
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        rows = x.numel() // self.in_features
-        if x.dtype != torch.float32 or x.requires_grad or rows >= self.mkl_min_rows:
-            return nn.functional.linear(x, self.weight, self.bias)  # see MKL_MIN_ROWS_PER_THREAD; training; dtypes
+        if self.plain_path(x, self.in_features, self.mkl_min_rows):
+            return nn.functional.linear(x, self.weight, self.bias)
         bias = None if self.bias is None else self.bias.detach()
         return torch.ops.mkldnn._linear_pointwise(x, self.packed, bias, "none", [], "")
 
