@@ -7,6 +7,7 @@ import warnings
 import torch
 
 from lab_utils.engine.attention import AttentionMetadata, PagedAttention
+from lab_utils.engine.cpu_attention import CpuDecodeAttention, kernel_usable
 from lab_utils.engine.kv_cache import KVCache
 from lab_utils.engine.request import Request
 from lab_utils.engine.split_attention import SplitMetadata, SplitPagedAttention
@@ -20,6 +21,8 @@ class ModelRunner:
         self.attention_backend, self.graphs = attention_backend, graphs
         self.last_hidden: torch.Tensor | None = None  # final hidden states of the returned rows (speculation)
         self.fast_path_error: str | None = None  # set when a fast path failed and the runner fell back to eager
+        # decode rows on a CPU float32 cache: one compiled kernel a layer (cpu_attention), if it could be built
+        self.cpu_decode_kernel = attention_backend == "sdpa" and kernel_usable(cache, device)
 
     @torch.inference_mode()
     def run(self, scheduled: list[tuple[Request, int]], num_padding: int = 0, num_rows: list[int] | None = None
@@ -47,14 +50,15 @@ class ModelRunner:
         try:
             hidden = self._forward(ids, pos, ctx_lens, q_lens, tables)
         except Exception as err:
-            if self.attention_backend == "sdpa" and self.graphs is None:
+            if self.attention_backend == "sdpa" and self.graphs is None and not self.cpu_decode_kernel:
                 raise
-            # A fast path (flex / CUDA graphs) failed on this machine: say so loudly, record it, and finish the
-            # step on the eager path. Re-running is safe: K/V writes are idempotent (same values, same slots).
+            # A fast path (flex / CUDA graphs / the CPU kernel) failed on this machine: say so loudly, record it,
+            # and finish the step on the eager path. Re-running is safe: K/V writes are idempotent (same values,
+            # same slots).
             self.fast_path_error = f"{type(err).__name__}: {err}"
-            warnings.warn(f"fast path {self.attention_backend!r}/graphs failed ({self.fast_path_error}); "
-                          "falling back to eager SDPA attention (pass enforce_eager=True to skip the fast paths)")
-            self.attention_backend, self.graphs = "sdpa", None
+            warnings.warn(f"fast path {self.attention_backend!r}/graphs/CPU kernel failed ({self.fast_path_error});"
+                          " falling back to eager SDPA attention (pass enforce_eager=True to skip the fast paths)")
+            self.attention_backend, self.graphs, self.cpu_decode_kernel = "sdpa", None, False
             hidden = self._forward(ids, pos, ctx_lens, q_lens, tables)
         if not last_rows:
             return hidden.new_empty(0, 0), []
@@ -75,6 +79,8 @@ class ModelRunner:
     def _attention(self, tables: list[list[int]], ctx_lens: list[int], q_lens: list[int]):
         """The step's attention callable: mixed steps split into decode and prefill groups (split_attention)."""
         if self.attention_backend == "sdpa":
+            if self.cpu_decode_kernel and 1 in q_lens:
+                return CpuDecodeAttention(self.cache, tables, ctx_lens, q_lens, self.block_size)
             split = SplitMetadata.build(tables, ctx_lens, q_lens, self.block_size, self.device)
             if split is not None:
                 return SplitPagedAttention(self.cache, split)

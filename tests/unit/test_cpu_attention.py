@@ -1,0 +1,136 @@
+"""The compiled CPU decode-attention kernel (cpu_attention): same maths as the reference, same engine tokens."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from lab_utils import EngineConfig, LLMEngine, SamplingParams, load_model
+from lab_utils.engine.attention import AttentionMetadata, PagedAttention, paged_attention_reference
+from lab_utils.engine.cpu_attention import CpuDecodeAttention, cpu_kernel, cpu_kernel_status
+from lab_utils.engine.kv_cache import KVCache
+
+# No compiler here means the engine runs the PyTorch path (tested everywhere else); these tests then have
+# nothing to test, and say so rather than pass.
+needs_kernel = pytest.mark.skipif(cpu_kernel() is None, reason=f"needs the compiled kernel: {cpu_kernel_status()}")
+
+
+def paged_layout(lens: list[int], block_size: int, num_blocks: int, seed: int = 0) -> list[list[int]]:
+    """Block tables for sequences of `lens` tokens over shuffled, disjoint blocks (as the block manager hands out)."""
+    perm = torch.randperm(num_blocks, generator=torch.Generator().manual_seed(seed)).tolist()
+    tables, used = [], 0
+    for n in lens:
+        k = -(-n // block_size)
+        tables.append(perm[used:used + k])
+        used += k
+    return tables
+
+
+def padded(tables: list[list[int]]) -> torch.Tensor:
+    width = max(len(t) for t in tables)
+    return torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.int32)
+
+
+@needs_kernel
+@pytest.mark.parametrize("hq,hkv", [(9, 3), (4, 4), (8, 1)])
+@pytest.mark.parametrize("block_size", [1, 16])
+def test_kernel_equals_reference(hq, hkv, block_size):
+    torch.manual_seed(0)
+    d, num_blocks = 32, 300 // block_size + 8
+    lens = [1, block_size, block_size + 1, 37, 200]
+    tables = paged_layout(lens, block_size, num_blocks)
+    k_cache = torch.randn(num_blocks * block_size, hkv, d)
+    v_cache = torch.randn(num_blocks * block_size, hkv, d)
+    q = torch.randn(len(lens), hq, d)
+    want = paged_attention_reference(q, k_cache, v_cache, tables, lens, [1] * len(lens), block_size)
+    got = cpu_kernel().paged_decode_attention(q, k_cache, v_cache, padded(tables),
+                                              torch.tensor(lens, dtype=torch.int32), block_size, d ** -0.5)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+@needs_kernel
+def test_kernel_reads_strided_query_rows():
+    """q is a slice of the fused q/k/v output in the engine: rows strided, heads contiguous."""
+    torch.manual_seed(1)
+    lens, bs = [5, 40], 16
+    tables = paged_layout(lens, bs, 8)
+    k_cache, v_cache = torch.randn(128, 2, 16), torch.randn(128, 2, 16)
+    wide = torch.randn(2, 6, 16)  # 4 query heads, then 2 more (k in the engine)
+    q = wide[:, :4]
+    assert not q.is_contiguous()
+    args = (k_cache, v_cache, padded(tables), torch.tensor(lens, dtype=torch.int32), bs, 0.25)
+    torch.testing.assert_close(cpu_kernel().paged_decode_attention(q, *args),
+                               cpu_kernel().paged_decode_attention(q.contiguous(), *args))
+
+
+@needs_kernel
+def test_kernel_rejects_bad_input_by_name():
+    k_cache = v_cache = torch.zeros(64, 2, 8)
+    q, table, lens = torch.zeros(1, 4, 8), torch.zeros(1, 2, dtype=torch.int32), torch.tensor([3], dtype=torch.int32)
+    kern = cpu_kernel().paged_decode_attention
+    with pytest.raises(RuntimeError, match="block id 9 outside the cache"):
+        kern(q, k_cache, v_cache, torch.tensor([[0, 9]], dtype=torch.int32), lens, 16, 1.0)
+    with pytest.raises(RuntimeError, match="context length 40 outside"):
+        kern(q, k_cache, v_cache, table, torch.tensor([40], dtype=torch.int32), 16, 1.0)
+    with pytest.raises(RuntimeError, match="q must be Float"):
+        kern(q.double(), k_cache, v_cache, table, lens, 16, 1.0)
+    with pytest.raises(RuntimeError, match="multiple of KV heads"):
+        kern(torch.zeros(1, 3, 8), k_cache, v_cache, table, lens, 16, 1.0)
+
+
+@needs_kernel
+def test_mixed_step_equals_paged_attention():
+    """Decode rows through the kernel and a prefill chunk through SDPA in one step = PagedAttention's step."""
+    torch.manual_seed(2)
+    bs, hq, hkv, d = 4, 6, 2, 16
+    ctx, q_lens = [9, 1, 13, 6], [1, 1, 5, 1]  # sequence 2 is a 5-token prefill chunk
+    tables = paged_layout(ctx, bs, 16)
+    n = sum(q_lens)
+    q, k, v = torch.randn(1, n, hq, d), torch.randn(1, n, hkv, d), torch.randn(1, n, hkv, d)
+
+    def cache():
+        c = KVCache(1, 16, bs, hkv, d, torch.float32, torch.float32, torch.device("cpu"))
+        c.k.normal_(generator=torch.Generator().manual_seed(3))
+        c.v.normal_(generator=torch.Generator().manual_seed(4))
+        return c
+
+    meta = AttentionMetadata.build(tables, ctx, q_lens, bs, torch.device("cpu"))
+    want_cache, got_cache = cache(), cache()
+    want = PagedAttention(want_cache, meta)(0, q, k, v)
+    got = CpuDecodeAttention(got_cache, tables, ctx, q_lens, bs)(0, q, k, v)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(got_cache.k, want_cache.k)  # every new token's K/V written to its slot
+    torch.testing.assert_close(got_cache.v, want_cache.v)
+
+
+@needs_kernel
+def test_engine_tokens_equal_with_and_without_the_kernel(monkeypatch):
+    model, tok = load_model("tiny-random", device="cpu", dtype=torch.float32)
+    prompts = [[5 + i, 17, 99, 3 * i + 1, 40, 41, 42][: 2 + i % 6] for i in range(7)]
+    params = SamplingParams(max_tokens=20, ignore_eos=True)
+
+    def run():
+        eng = LLMEngine((model, tok), EngineConfig(max_num_seqs=4, num_gpu_blocks=64, block_size=4,
+                                                   max_num_batched_tokens=16), device="cpu")
+        out = [o.token_ids for o in eng.generate(prompts, params)]
+        eng.block_manager.check_all_free()
+        return eng, out
+
+    eng, with_kernel = run()
+    assert eng.runner.cpu_decode_kernel
+    monkeypatch.setenv("LAB_CPU_ATTENTION_KERNEL", "0")
+    eng, without = run()
+    assert not eng.runner.cpu_decode_kernel
+    assert "LAB_CPU_ATTENTION_KERNEL=0" in cpu_kernel_status()
+    assert with_kernel == without
+
+
+def test_kernel_only_for_float32_caches_on_cpu():
+    from lab_utils.engine.cpu_attention import kernel_usable
+
+    cpu = torch.device("cpu")
+    fp8 = KVCache(1, 4, 4, 1, 8, torch.float32, torch.float8_e4m3fn, cpu)
+    bf16 = KVCache(1, 4, 4, 1, 8, torch.bfloat16, torch.bfloat16, cpu)
+    assert not kernel_usable(fp8, cpu) and not kernel_usable(bf16, cpu)
+    fp32 = KVCache(1, 4, 4, 1, 8, torch.float32, torch.float32, cpu)
+    assert kernel_usable(fp32, cpu) == (cpu_kernel() is not None)
+    assert not kernel_usable(fp32, torch.device("cuda"))
