@@ -11,7 +11,9 @@ per layer. This view does the same maths with ~15 per layer:
 - RoPE rotates q and k together, as one `addcmul` over the 12 heads: x*cos + roll(x, D/2)*sin_signed, where
   sin_signed = (-sin, +sin) on the two halves is `rotate_half` folded into a table built once per step;
 - RMSNorm is `F.rms_norm` with its weight, in place of norm-then-multiply;
-- one Python loop over plain tensors, no module calls inside a layer.
+- one Python loop over plain tensors, no module calls inside a layer;
+- where the compiled kernels (`cpu_kernels`) are built: the residual add and the next RMSNorm are one pass, and
+  so is silu(gate) * up.
 
 Same results as the reference `LlamaForCausalLM` to float32 round-off (tests/unit/test_cpu_linear.py), same
 `hidden_states` interface, so the runner, the speculative decoders and the attention callables do not know which
@@ -23,6 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from lab_utils.engine.cpu_kernels import cpu_kernels
 from lab_utils.engine.cpu_linear import PackedLinear
 from lab_utils.models.llama import (
     AttentionFn,
@@ -61,22 +64,40 @@ class FusedLlamaDecoderLayer(LlamaDecoderLayer):
         self.qkv = FusedPackedLinear([a.q_proj, a.k_proj, a.v_proj])  # nn.Linear or PackedLinear: both have .weight
         self.gate_up = FusedPackedLinear([m.gate_proj, m.up_proj])
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor, attention: AttentionFn
-                ) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, delta: torch.Tensor | None, cos: torch.Tensor, sin_signed: torch.Tensor,
+                attention: AttentionFn, kernels=None) -> tuple[torch.Tensor, torch.Tensor]:
+        """x: the residual stream; delta: the previous layer's output, not yet added (None in the first layer), so
+        that the add and this layer's first RMSNorm are one pass. Returns (x, this layer's output) likewise."""
         a, m = self.self_attn, self.mlp
-        B, T, H = x.shape
+        B, T, _ = x.shape
         hq, hkv, d = a.num_heads, a.num_kv_heads, a.head_dim
-        h = F.rms_norm(x, (H,), self.input_layernorm.weight, self.input_layernorm.eps)
+        x, h = add_rms_norm(x, delta, self.input_layernorm, kernels)
         qkv = self.qkv(h)
         qk = qkv[..., : (hq + hkv) * d].view(B, T, hq + hkv, d)
         qk = torch.addcmul(qk * cos, qk.roll(d // 2, -1), sin_signed)  # RoPE on q and k at once
         v = qkv[..., (hq + hkv) * d:].view(B, T, hkv, d)
         out = attention(a.layer_idx, qk[:, :, :hq], qk[:, :, hq:], v)
-        x = x + a.o_proj(out.reshape(B, T, hq * d))
-        h = F.rms_norm(x, (H,), self.post_attention_layernorm.weight, self.post_attention_layernorm.eps)
-        gu = self.gate_up(h)
-        i = gu.shape[-1] // 2
-        return x + m.down_proj(F.silu(gu[..., :i]).mul_(gu[..., i:]))  # SwiGLU
+        x, h = add_rms_norm(x, a.o_proj(out.reshape(B, T, hq * d)), self.post_attention_layernorm, kernels)
+        return x, m.down_proj(silu_mul(self.gate_up(h), kernels))  # SwiGLU
+
+
+def add_rms_norm(x: torch.Tensor, delta: torch.Tensor | None, norm: nn.Module, kernels=None
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(x + delta, RMSNorm(x + delta)): one pass with the compiled kernel (`cpu_kernels`), else PyTorch's ops."""
+    if kernels is not None:
+        if delta is None:
+            return x, kernels.rms_norm(x, norm.weight, norm.eps)
+        return tuple(kernels.add_rms_norm(x, delta, norm.weight, norm.eps))
+    x = x if delta is None else x + delta
+    return x, F.rms_norm(x, x.shape[-1:], norm.weight, norm.eps)
+
+
+def silu_mul(gate_up: torch.Tensor, kernels=None) -> torch.Tensor:
+    """silu(gate) * up for gate_up = [gate, up] (the fused gate/up linear's output)."""
+    if kernels is not None:
+        return kernels.silu_mul(gate_up)
+    i = gate_up.shape[-1] // 2
+    return F.silu(gate_up[..., :i]).mul_(gate_up[..., i:])
 
 
 class FusedLlamaForCausalLM(LlamaForCausalLM):
@@ -90,10 +111,13 @@ class FusedLlamaForCausalLM(LlamaForCausalLM):
         half = cos.shape[-1] // 2
         sin_signed = torch.cat((-sin[..., :half], sin[..., half:]), dim=-1)  # rotate_half's sign, folded in
         cos, sin_signed = cos.unsqueeze(2), sin_signed.unsqueeze(2)  # broadcast over heads
+        # the compiled norm/SwiGLU kernels: float32 CPU inference only (no autograd through them)
+        use = x.device.type == "cpu" and x.dtype == torch.float32 and not torch.is_grad_enabled()
+        kernels = cpu_kernels() if use else None
+        delta = None
         for layer in self.model.layers:
-            x = layer(x, cos, sin_signed, attention)
-        norm = self.model.norm
-        return F.rms_norm(x, x.shape[-1:], norm.weight, norm.eps)
+            x, delta = layer(x, delta, cos, sin_signed, attention, kernels)
+        return add_rms_norm(x, delta, self.model.norm, kernels)[1]
 
 
 _MLP_PROJECTIONS = ("gate_proj", "up_proj", "down_proj")

@@ -6,12 +6,13 @@ import torch
 
 from lab_utils import EngineConfig, LLMEngine, SamplingParams, load_model
 from lab_utils.engine.attention import AttentionMetadata, PagedAttention, paged_attention_reference
-from lab_utils.engine.cpu_attention import CpuDecodeAttention, cpu_kernel, cpu_kernel_status
+from lab_utils.engine.cpu_attention import CpuDecodeAttention
+from lab_utils.engine.cpu_kernels import cpu_kernels, cpu_kernels_status
 from lab_utils.engine.kv_cache import KVCache
 
 # No compiler here means the engine runs the PyTorch path (tested everywhere else); these tests then have
 # nothing to test, and say so rather than pass.
-needs_kernel = pytest.mark.skipif(cpu_kernel() is None, reason=f"needs the compiled kernel: {cpu_kernel_status()}")
+needs_kernel = pytest.mark.skipif(cpu_kernels() is None, reason=f"needs the compiled kernel: {cpu_kernels_status()}")
 
 
 def paged_layout(lens: list[int], block_size: int, num_blocks: int, seed: int = 0) -> list[list[int]]:
@@ -42,7 +43,7 @@ def test_kernel_equals_reference(hq, hkv, block_size):
     v_cache = torch.randn(num_blocks * block_size, hkv, d)
     q = torch.randn(len(lens), hq, d)
     want = paged_attention_reference(q, k_cache, v_cache, tables, lens, [1] * len(lens), block_size)
-    got = cpu_kernel().paged_decode_attention(q, k_cache, v_cache, padded(tables),
+    got = cpu_kernels().paged_decode_attention(q, k_cache, v_cache, padded(tables),
                                               torch.tensor(lens, dtype=torch.int32), block_size, d ** -0.5)
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
@@ -58,15 +59,15 @@ def test_kernel_reads_strided_query_rows():
     q = wide[:, :4]
     assert not q.is_contiguous()
     args = (k_cache, v_cache, padded(tables), torch.tensor(lens, dtype=torch.int32), bs, 0.25)
-    torch.testing.assert_close(cpu_kernel().paged_decode_attention(q, *args),
-                               cpu_kernel().paged_decode_attention(q.contiguous(), *args))
+    torch.testing.assert_close(cpu_kernels().paged_decode_attention(q, *args),
+                               cpu_kernels().paged_decode_attention(q.contiguous(), *args))
 
 
 @needs_kernel
 def test_kernel_rejects_bad_input_by_name():
     k_cache = v_cache = torch.zeros(64, 2, 8)
     q, table, lens = torch.zeros(1, 4, 8), torch.zeros(1, 2, dtype=torch.int32), torch.tensor([3], dtype=torch.int32)
-    kern = cpu_kernel().paged_decode_attention
+    kern = cpu_kernels().paged_decode_attention
     with pytest.raises(RuntimeError, match="block id 9 outside the cache"):
         kern(q, k_cache, v_cache, torch.tensor([[0, 9]], dtype=torch.int32), lens, 16, 1.0)
     with pytest.raises(RuntimeError, match="context length 40 outside"):
@@ -117,10 +118,10 @@ def test_engine_tokens_equal_with_and_without_the_kernel(monkeypatch):
 
     eng, with_kernel = run()
     assert eng.runner.cpu_decode_kernel
-    monkeypatch.setenv("LAB_CPU_ATTENTION_KERNEL", "0")
+    monkeypatch.setenv("LAB_CPU_KERNELS", "0")
     eng, without = run()
     assert not eng.runner.cpu_decode_kernel
-    assert "LAB_CPU_ATTENTION_KERNEL=0" in cpu_kernel_status()
+    assert "LAB_CPU_KERNELS=0" in cpu_kernels_status()
     assert with_kernel == without
 
 
@@ -132,5 +133,44 @@ def test_kernel_only_for_float32_caches_on_cpu():
     bf16 = KVCache(1, 4, 4, 1, 8, torch.bfloat16, torch.bfloat16, cpu)
     assert not kernel_usable(fp8, cpu) and not kernel_usable(bf16, cpu)
     fp32 = KVCache(1, 4, 4, 1, 8, torch.float32, torch.float32, cpu)
-    assert kernel_usable(fp32, cpu) == (cpu_kernel() is not None)
+    assert kernel_usable(fp32, cpu) == (cpu_kernels() is not None)
     assert not kernel_usable(fp32, torch.device("cuda"))
+
+
+@needs_kernel
+@pytest.mark.parametrize("shape", [(1, 576), (3, 5, 64), (33, 17)])
+def test_layer_ops_equal_pytorch(shape):
+    """RMSNorm, residual add + RMSNorm and SwiGLU's silu-mul (cpu_fused's kernels) = PyTorch's ops."""
+    torch.manual_seed(5)
+    x, delta, w = torch.randn(shape), torch.randn(shape), torch.rand(shape[-1]) + 0.5
+    kern = cpu_kernels()
+    want = torch.nn.functional.rms_norm(x, shape[-1:], w, 1e-5)
+    torch.testing.assert_close(kern.rms_norm(x, w, 1e-5), want, rtol=1e-5, atol=1e-5)
+    total, normed = kern.add_rms_norm(x, delta, w, 1e-5)
+    torch.testing.assert_close(total, x + delta)
+    torch.testing.assert_close(normed, torch.nn.functional.rms_norm(x + delta, shape[-1:], w, 1e-5),
+                               rtol=1e-5, atol=1e-5)
+    gate_up = torch.randn(*shape[:-1], 2 * shape[-1]) * 4
+    i = shape[-1]
+    torch.testing.assert_close(kern.silu_mul(gate_up), torch.nn.functional.silu(gate_up[..., :i]) * gate_up[..., i:],
+                               rtol=1e-5, atol=1e-5)
+    with pytest.raises(RuntimeError, match="weight must be"):
+        kern.rms_norm(x, torch.ones(shape[-1] + 1), 1e-5)
+    with pytest.raises(RuntimeError, match="must be even"):
+        kern.silu_mul(torch.zeros(2, 7))
+
+
+@needs_kernel
+def test_fused_view_same_with_and_without_the_kernels(monkeypatch):
+    from lab_utils.engine.cpu_linear import pack_linears
+
+    model, _ = load_model("tiny-random", device="cpu", dtype=torch.float32)
+    view, _ = pack_linears(model)
+    ids = torch.tensor([[5, 17, 99, 3, 40, 41]])
+    with torch.inference_mode():
+        want = model.hidden_states(ids)
+        got = view.hidden_states(ids)
+        monkeypatch.setenv("LAB_CPU_KERNELS", "0")
+        without = view.hidden_states(ids)
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(without, want, rtol=1e-4, atol=1e-4)

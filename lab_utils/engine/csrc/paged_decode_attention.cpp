@@ -10,7 +10,7 @@
 // shape of vLLM's CPU paged_attention_v1 kernel, in plain C++ the compiler vectorises (no intrinsics).
 //
 // Exact maths of the reference `paged_attention_reference` for one query per sequence; float32 only.
-#include <torch/extension.h>
+#include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
 #include <algorithm>
@@ -19,7 +19,7 @@
 
 namespace {
 
-void check(const torch::Tensor& t, const char* name, torch::ScalarType dtype, int64_t dim, bool rows_strided = false) {
+void check(const at::Tensor& t, const char* name, at::ScalarType dtype, int64_t dim, bool rows_strided = false) {
   TORCH_CHECK(t.device().is_cpu(), name, " must be on the CPU");
   TORCH_CHECK(t.scalar_type() == dtype, name, " must be ", dtype, ", got ", t.scalar_type());
   TORCH_CHECK(t.dim() == dim, name, " must have ", dim, " dimensions, got ", t.dim());
@@ -35,14 +35,14 @@ void check(const torch::Tensor& t, const char* name, torch::ScalarType dtype, in
 // q [R, Hq, D] (rows may be strided), k_cache / v_cache [S, Hkv, D] (one layer's slots), block_tables [R, max_blocks] int32,
 // context_lens [R] int32 -> out [R, Hq, D]. Row r attends to its tokens 0 .. context_lens[r] - 1, which sit at
 // slot block_tables[r][t / block_size] * block_size + t % block_size.
-torch::Tensor paged_decode_attention(const torch::Tensor& q, const torch::Tensor& k_cache,
-                                     const torch::Tensor& v_cache, const torch::Tensor& block_tables,
-                                     const torch::Tensor& context_lens, int64_t block_size, double scale) {
-  check(q, "q", torch::kFloat, 3, /*rows_strided=*/true);
-  check(k_cache, "k_cache", torch::kFloat, 3);
-  check(v_cache, "v_cache", torch::kFloat, 3);
-  check(block_tables, "block_tables", torch::kInt, 2);
-  check(context_lens, "context_lens", torch::kInt, 1);
+at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_cache,
+                                     const at::Tensor& v_cache, const at::Tensor& block_tables,
+                                     const at::Tensor& context_lens, int64_t block_size, double scale) {
+  check(q, "q", at::kFloat, 3, /*rows_strided=*/true);
+  check(k_cache, "k_cache", at::kFloat, 3);
+  check(v_cache, "v_cache", at::kFloat, 3);
+  check(block_tables, "block_tables", at::kInt, 2);
+  check(context_lens, "context_lens", at::kInt, 1);
   const int64_t R = q.size(0), Hq = q.size(1), D = q.size(2);
   const int64_t S = k_cache.size(0), Hkv = k_cache.size(1), max_blocks = block_tables.size(1);
   TORCH_CHECK(v_cache.sizes() == k_cache.sizes(), "k_cache and v_cache must have one shape");
@@ -61,7 +61,7 @@ torch::Tensor paged_decode_attention(const torch::Tensor& q, const torch::Tensor
                 " outside the cache (", S / block_size, " blocks)");
   }
 
-  auto out = torch::empty({R, Hq, D}, q.options());
+  auto out = at::empty({R, Hq, D}, q.options());
   const int64_t q_row = q.stride(0);
   const float* qp = q.data_ptr<float>();
   const float* kp = k_cache.data_ptr<float>();
@@ -115,9 +115,4 @@ torch::Tensor paged_decode_attention(const torch::Tensor& q, const torch::Tensor
     }
   });
   return out;
-}
-
-PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("paged_decode_attention", &paged_decode_attention,
-        "One query per row against its paged K/V, read in place through its block table (float32)");
 }

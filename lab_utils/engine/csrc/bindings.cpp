@@ -1,0 +1,18 @@
+// The Python module of the engine's CPU kernels (lab_utils/engine/cpu_kernels.py builds it).
+#include <torch/extension.h>
+
+at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
+                                  const at::Tensor& block_tables, const at::Tensor& context_lens, int64_t block_size,
+                                  double scale);
+at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps);
+std::vector<at::Tensor> add_rms_norm(const at::Tensor& x, const at::Tensor& delta, const at::Tensor& weight,
+                                     double eps);
+at::Tensor silu_mul(const at::Tensor& gate_up);
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("paged_decode_attention", &paged_decode_attention,
+        "One query per row against its paged K/V, read in place through its block table (float32)");
+  m.def("rms_norm", &rms_norm, "RMSNorm(x) * weight, one pass (float32)");
+  m.def("add_rms_norm", &add_rms_norm, "(x + delta, RMSNorm(x + delta) * weight), one pass (float32)");
+  m.def("silu_mul", &silu_mul, "silu(gate) * up for gate_up = [gate, up] (float32)");
+}
