@@ -32,7 +32,7 @@ WORKLOAD = ROOT / "benchmarks" / "results" / "lab01_workload.json"
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--workload", default=str(WORKLOAD), help="a saved workload (JSON)")
-    ap.add_argument("--batch-sizes", nargs="+", type=int, default=[16, 64])
+    ap.add_argument("--batch-sizes", nargs="+", type=int, default=[16, 32, 64, 128])
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--out", default=None, help="JSON path (default benchmarks/results/engine_vs_hf-<date>.json)")
     args = ap.parse_args(argv)
