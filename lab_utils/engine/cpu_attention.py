@@ -8,8 +8,9 @@ call a layer: it walks each sequence's block table and reads its K/V where they 
 `paged_attention_v1`, in ~60 lines of plain C++).
 
 `cpu_kernels` builds it (or says why it could not; the engine then keeps `PagedAttention`, which stays the
-path the labs teach); `LAB_CPU_KERNELS=0` turns it off. Only float32 caches on a CPU use it; prefill chunks
-and speculative verify rows (several queries a sequence) keep `PagedAttention`.
+path the labs teach); `LAB_CPU_KERNELS=0` turns it off. Only float32 caches on a CPU use it. Decode rows and
+speculative verify rows (a few queries a sequence, each its own kernel row) go through it; long prefill chunks
+keep `PagedAttention`.
 """
 from __future__ import annotations
 
@@ -26,9 +27,16 @@ def kernel_usable(cache: KVCache, device: torch.device) -> bool:
             and cpu_kernels() is not None)
 
 
+# Sequences with at most this many new tokens in a step go through the kernel, one row a query (decode rows, and
+# the k + 1 rows of a speculative verify); longer prefill chunks keep SDPA, whose blocked GEMMs win there.
+MAX_KERNEL_QUERIES = 16
+
+
 class CpuDecodeAttention:
-    """The step's `attention` callable when it has decode rows: those go through the kernel (after their K/V
-    are written), the other sequences' rows (prefill chunks, verify rows) through `PagedAttention`."""
+    """The step's `attention` callable when it has decode-like rows. A sequence with n <= MAX_KERNEL_QUERIES new
+    tokens becomes n kernel rows: query j sits at position p = context - n + j and reads tokens 0..p through the
+    sequence's block table (its own causal mask). Their K/V are written first, then one kernel call serves them
+    all; prefill chunks go through `PagedAttention`."""
 
     def __init__(self, cache: KVCache, block_tables: list[list[int]], context_lens: list[int],
                  query_lens: list[int], block_size: int) -> None:
@@ -36,33 +44,40 @@ class CpuDecodeAttention:
         starts = [0]
         for n in query_lens:
             starts.append(starts[-1] + n)
-        decodes = [i for i, n in enumerate(query_lens) if n == 1]
-        others = [i for i, n in enumerate(query_lens) if n != 1]
-        if not decodes:
-            raise ValueError("CpuDecodeAttention needs at least one decode row (query length 1)")
-        width = max(len(block_tables[i]) for i in decodes)
-        self.tables = torch.tensor([block_tables[i] + [0] * (width - len(block_tables[i])) for i in decodes],
-                                   dtype=torch.int32)
-        self.lens = torch.tensor([context_lens[i] for i in decodes], dtype=torch.int32)
-        self.slots = torch.tensor([block_tables[i][(context_lens[i] - 1) // block_size] * block_size
-                                   + (context_lens[i] - 1) % block_size for i in decodes], dtype=torch.long)
-        # flat token index of each decode row; None when the step is decode rows only (the common case)
-        self.rows = None if not others else torch.tensor([starts[i] for i in decodes], dtype=torch.long)
+        short = [i for i, n in enumerate(query_lens) if n <= MAX_KERNEL_QUERIES]
+        others = [i for i, n in enumerate(query_lens) if n > MAX_KERNEL_QUERIES]
+        if not short:
+            raise ValueError(f"CpuDecodeAttention needs a sequence with at most {MAX_KERNEL_QUERIES} new tokens")
+        rows, tables, lens, slots = [], [], [], []
+        for i in short:
+            table, ctx, n = block_tables[i], context_lens[i], query_lens[i]
+            for j in range(n):
+                pos = ctx - n + j
+                rows.append(starts[i] + j)
+                tables.append(table)
+                lens.append(pos + 1)
+                slots.append(table[pos // block_size] * block_size + pos % block_size)
+        width = max(len(t) for t in tables)
+        self.tables = torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.int32)
+        self.lens = torch.tensor(lens, dtype=torch.int32)
+        self.slots = torch.tensor(slots, dtype=torch.long)
+        # flat token index of each kernel row; None when every row of the step is one (the common case)
+        self.rows = None if not others else torch.tensor(rows, dtype=torch.long)
         self.other = None
         if others:
             meta = AttentionMetadata.build([block_tables[i] for i in others], [context_lens[i] for i in others],
                                            [query_lens[i] for i in others], block_size, torch.device("cpu"))
-            rows = torch.tensor([r for i in others for r in range(starts[i], starts[i + 1])], dtype=torch.long)
-            self.other = (rows, PagedAttention(cache, meta))
+            other_rows = [r for i in others for r in range(starts[i], starts[i + 1])]
+            self.other = (torch.tensor(other_rows, dtype=torch.long), PagedAttention(cache, meta))
 
     def decode(self, layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        """q [R, Hq, D], k/v [R, Hkv, D]: one new token per decode row -> attention output [R, Hq, D]."""
-        self.cache.write(layer_idx, self.slots, k, v)
+        """q [R, Hq, D], k/v [R, Hkv, D] for the R kernel rows -> attention output [R, Hq, D]."""
+        self.cache.write(layer_idx, self.slots, k, v)  # all of them before any row reads its context
         return self.kernel.paged_decode_attention(q, self.cache.k[layer_idx], self.cache.v[layer_idx], self.tables,
                                                   self.lens, self.block_size, q.shape[-1] ** -0.5)
 
     def __call__(self, layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        if self.other is None:  # [1, N, H, D] with N decode rows
+        if self.other is None:  # [1, N, H, D], every row a kernel row
             return self.decode(layer_idx, q[0], k[0], v[0])[None]
         out = torch.empty_like(q)
         out[0, self.rows] = self.decode(layer_idx, q[0, self.rows], k[0, self.rows], v[0, self.rows])

@@ -7,7 +7,7 @@ import warnings
 import torch
 
 from lab_utils.engine.attention import AttentionMetadata, PagedAttention
-from lab_utils.engine.cpu_attention import CpuDecodeAttention, kernel_usable
+from lab_utils.engine.cpu_attention import MAX_KERNEL_QUERIES, CpuDecodeAttention, kernel_usable
 from lab_utils.engine.kv_cache import KVCache
 from lab_utils.engine.request import Request
 from lab_utils.engine.split_attention import SplitMetadata, SplitPagedAttention
@@ -79,7 +79,7 @@ class ModelRunner:
     def _attention(self, tables: list[list[int]], ctx_lens: list[int], q_lens: list[int]):
         """The step's attention callable: mixed steps split into decode and prefill groups (split_attention)."""
         if self.attention_backend == "sdpa":
-            if self.cpu_decode_kernel and 1 in q_lens:
+            if self.cpu_decode_kernel and min(q_lens) <= MAX_KERNEL_QUERIES:
                 return CpuDecodeAttention(self.cache, tables, ctx_lens, q_lens, self.block_size)
             split = SplitMetadata.build(tables, ctx_lens, q_lens, self.block_size, self.device)
             if split is not None:

@@ -6,7 +6,7 @@ import torch
 
 from lab_utils import EngineConfig, LLMEngine, SamplingParams, load_model
 from lab_utils.engine.attention import AttentionMetadata, PagedAttention, paged_attention_reference
-from lab_utils.engine.cpu_attention import CpuDecodeAttention
+from lab_utils.engine.cpu_attention import MAX_KERNEL_QUERIES, CpuDecodeAttention
 from lab_utils.engine.cpu_kernels import cpu_kernels, cpu_kernels_status
 from lab_utils.engine.kv_cache import KVCache
 
@@ -79,11 +79,13 @@ def test_kernel_rejects_bad_input_by_name():
 
 
 @needs_kernel
-def test_mixed_step_equals_paged_attention():
-    """Decode rows through the kernel and a prefill chunk through SDPA in one step = PagedAttention's step."""
+@pytest.mark.parametrize("chunk", [20, 12])
+def test_mixed_step_equals_paged_attention(chunk):
+    """Decode rows and a 3-token verify through the kernel, a 20-token prefill chunk through SDPA, in one step =
+    PagedAttention's step (and = the kernel-only step when the chunk is short enough for the kernel too)."""
     torch.manual_seed(2)
     bs, hq, hkv, d = 4, 6, 2, 16
-    ctx, q_lens = [9, 1, 13, 6], [1, 1, 5, 1]  # sequence 2 is a 5-token prefill chunk
+    ctx, q_lens = [9, 1, chunk + 6, 6, 11], [1, 1, chunk, 1, 3]  # sequence 2: a prefill chunk; 4: a verify
     tables = paged_layout(ctx, bs, 16)
     n = sum(q_lens)
     q, k, v = torch.randn(1, n, hq, d), torch.randn(1, n, hkv, d), torch.randn(1, n, hkv, d)
@@ -97,7 +99,12 @@ def test_mixed_step_equals_paged_attention():
     meta = AttentionMetadata.build(tables, ctx, q_lens, bs, torch.device("cpu"))
     want_cache, got_cache = cache(), cache()
     want = PagedAttention(want_cache, meta)(0, q, k, v)
-    got = CpuDecodeAttention(got_cache, tables, ctx, q_lens, bs)(0, q, k, v)
+    attn = CpuDecodeAttention(got_cache, tables, ctx, q_lens, bs)
+    if chunk > MAX_KERNEL_QUERIES:  # 3 decode rows + 3 verify rows in the kernel; the chunk through SDPA
+        assert attn.other is not None and len(attn.lens) == 6
+    else:  # every row in the kernel
+        assert attn.other is None and len(attn.lens) == 6 + chunk
+    got = attn(0, q, k, v)
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(got_cache.k, want_cache.k)  # every new token's K/V written to its slot
     torch.testing.assert_close(got_cache.v, want_cache.v)
