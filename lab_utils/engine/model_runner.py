@@ -57,7 +57,8 @@ class ModelRunner:
             # same slots).
             self.fast_path_error = f"{type(err).__name__}: {err}"
             warnings.warn(f"fast path {self.attention_backend!r}/graphs/CPU kernel failed ({self.fast_path_error});"
-                          " falling back to eager SDPA attention (pass enforce_eager=True to skip the fast paths)")
+                          " falling back to eager SDPA attention (enforce_eager=True skips the CUDA fast paths,"
+                          " LAB_CPU_KERNELS=0 the CPU kernels)")
             self.attention_backend, self.graphs, self.cpu_decode_kernel = "sdpa", None, False
             hidden = self._forward(ids, pos, ctx_lens, q_lens, tables)
         if not last_rows:
