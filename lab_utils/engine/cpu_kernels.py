@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shutil
 import warnings
 from pathlib import Path
 
@@ -58,7 +59,15 @@ def _compile():
     with open(build / "build.lock", "w") as lock:
         if fcntl is not None:  # two processes building at once (a lab and a test) would corrupt the build
             fcntl.flock(lock, fcntl.LOCK_EX)
-        return load(name="lab_cpu_kernels", sources=[str(s) for s in SOURCES], build_directory=str(build),
+        # build from copies inside the build folder: the same sources from another checkout (a CI clone, a moved
+        # repo) then reuse the build instead of recompiling (ninja keys on paths)
+        sources = []
+        for src in SOURCES:
+            copy = build / src.name
+            if not copy.exists() or copy.read_bytes() != src.read_bytes():
+                shutil.copyfile(src, copy)
+            sources.append(str(copy))
+        return load(name="lab_cpu_kernels", sources=sources, build_directory=str(build),
                     extra_cflags=_flags(), extra_ldflags=["-fopenmp"], verbose=False)
 
 
