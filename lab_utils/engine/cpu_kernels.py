@@ -83,7 +83,7 @@ def cpu_kernels() -> object | None:
     if "module" not in _state:
         try:
             _state["module"], _state["status"] = _compile(), "compiled CPU kernels (lab_utils/engine/csrc/)"
-        except Exception as err:  # no compiler, no headers, a build error: the PyTorch ops still work
+        except Exception as err:  # noqa: BLE001  (no compiler, no headers, a build error: PyTorch ops still work)
             last = str(err).strip().splitlines()[-1] if str(err).strip() else ""
             _state["module"] = None
             _state["status"] = f"PyTorch ops: the CPU kernels could not be built ({type(err).__name__}: {last})"

@@ -7,7 +7,11 @@ import warnings
 import torch
 
 from lab_utils.engine.attention import AttentionMetadata, PagedAttention
-from lab_utils.engine.cpu_attention import MAX_KERNEL_QUERIES, CpuDecodeAttention, kernel_usable
+from lab_utils.engine.cpu_attention import (
+    MAX_KERNEL_QUERIES,
+    CpuDecodeAttention,
+    kernel_usable,
+)
 from lab_utils.engine.kv_cache import KVCache
 from lab_utils.engine.request import Request
 from lab_utils.engine.split_attention import SplitMetadata, SplitPagedAttention

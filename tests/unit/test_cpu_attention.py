@@ -5,7 +5,11 @@ import pytest
 import torch
 
 from lab_utils import EngineConfig, LLMEngine, SamplingParams, load_model
-from lab_utils.engine.attention import AttentionMetadata, PagedAttention, paged_attention_reference
+from lab_utils.engine.attention import (
+    AttentionMetadata,
+    PagedAttention,
+    paged_attention_reference,
+)
 from lab_utils.engine.cpu_attention import MAX_KERNEL_QUERIES, CpuDecodeAttention
 from lab_utils.engine.cpu_kernels import cpu_kernels, cpu_kernels_status
 from lab_utils.engine.kv_cache import KVCache
