@@ -165,6 +165,8 @@ def test_layer_ops_equal_pytorch(shape):
     i = shape[-1]
     torch.testing.assert_close(kern.silu_mul(gate_up), torch.nn.functional.silu(gate_up[..., :i]) * gate_up[..., i:],
                                rtol=1e-5, atol=1e-5)
+    extreme = torch.tensor([[-200.0, -90.0, -50.0, 0.0, 50.0, 90.0, 200.0, 3.0] + [1.0] * 8])  # finite everywhere
+    torch.testing.assert_close(kern.silu_mul(extreme), torch.nn.functional.silu(extreme[:, :8]))
     with pytest.raises(RuntimeError, match="weight must be"):
         kern.rms_norm(x, torch.ones(shape[-1] + 1), 1e-5)
     with pytest.raises(RuntimeError, match="must be even"):

@@ -9,6 +9,7 @@
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
+#include <algorithm>
 #include <cmath>
 
 namespace {
@@ -83,8 +84,9 @@ at::Tensor silu_mul(const at::Tensor& gate_up) {
     for (int64_t r = b; r < e; ++r) {
       const float *g = gp + r * two_i, *u = g + I;
       float* o = op + r * I;
+      // exp's argument capped at 80 (e^80 ~ 5.5e34, finite): under -ffast-math g / (1 + inf) is not 0 but NaN
 #pragma omp simd
-      for (int64_t i = 0; i < I; ++i) o[i] = g[i] / (1.f + std::exp(-g[i])) * u[i];
+      for (int64_t i = 0; i < I; ++i) o[i] = g[i] / (1.f + std::exp(std::min(-g[i], 80.f))) * u[i];
     }
   });
   return out;
