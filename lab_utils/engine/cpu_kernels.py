@@ -8,7 +8,7 @@ few plain C++ loops that replace them (the same idea as vLLM's CPU backend kerne
 - `paged_decode_attention.cpp`: decode attention reading the paged KV cache in place (`cpu_attention`);
 - `layer_ops.cpp`: RMSNorm, residual add + RMSNorm, silu(gate) * up, one pass each (`cpu_fused`).
 
-They are compiled on first use by `torch.utils.cpp_extension` (g++ and ninja; ~1 minute once, then cached in
+They are compiled on first use by `torch.utils.cpp_extension` (g++ and ninja; ~30-40 s once, then cached in
 `cache_dir()/torch_extensions`). Where that fails (no compiler) the engine warns once and keeps the PyTorch
 ops, which compute the same thing: `cpu_kernels_status()` says which is in use. `LAB_CPU_KERNELS=0` turns the
 kernels off (A/B measurements).

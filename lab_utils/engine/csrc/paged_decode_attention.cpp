@@ -9,7 +9,8 @@
 // queries), takes the softmax and sums the values. Tasks are spread over ATen's thread pool. This is the
 // shape of vLLM's CPU paged_attention_v1 kernel, in plain C++ the compiler vectorises (no intrinsics).
 //
-// Exact maths of the reference `paged_attention_reference` for one query per sequence; float32 only.
+// Exact maths of the reference `paged_attention_reference`, one query per row (a sequence with several new
+// tokens is several rows, each with its own context length: its causal mask); float32 only.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
@@ -32,12 +33,12 @@ void check(const at::Tensor& t, const char* name, at::ScalarType dtype, int64_t 
 
 }  // namespace
 
-// q [R, Hq, D] (rows may be strided), k_cache / v_cache [S, Hkv, D] (one layer's slots), block_tables [R, max_blocks] int32,
-// context_lens [R] int32 -> out [R, Hq, D]. Row r attends to its tokens 0 .. context_lens[r] - 1, which sit at
+// q [R, Hq, D] (rows may be strided), k_cache / v_cache [S, Hkv, D] (one layer's slots),
+// block_tables [R, max_blocks] int32, context_lens [R] int32 -> out [R, Hq, D]. Row r attends to its tokens 0 .. context_lens[r] - 1, which sit at
 // slot block_tables[r][t / block_size] * block_size + t % block_size.
-at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_cache,
-                                     const at::Tensor& v_cache, const at::Tensor& block_tables,
-                                     const at::Tensor& context_lens, int64_t block_size, double scale) {
+at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
+                                  const at::Tensor& block_tables, const at::Tensor& context_lens, int64_t block_size,
+                                  double scale) {
   check(q, "q", at::kFloat, 3, /*rows_strided=*/true);
   check(k_cache, "k_cache", at::kFloat, 3);
   check(v_cache, "v_cache", at::kFloat, 3);
