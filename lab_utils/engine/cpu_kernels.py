@@ -6,11 +6,13 @@ SwiGLU's two. Each costs microseconds of dispatch and an OpenMP fork/join for li
 few plain C++ loops that replace them (the same idea as vLLM's CPU backend kernels):
 
 - `paged_decode_attention.cpp`: decode attention reading the paged KV cache in place (`cpu_attention`);
-- `layer_ops.cpp`: RMSNorm, residual add + RMSNorm, silu(gate) * up, one pass each (`cpu_fused`).
+- `layer_ops.cpp`: RMSNorm, residual add + RMSNorm, silu(gate) * up, one pass each (`cpu_fused`);
+- `small_m_linear.cpp`: the linears of a decode step (a few rows), each weight row read once (`cpu_linear`):
+  with so few rows the GEMM is bound by reading the weights, and oneDNN's general kernel reads them slower.
 
 They are compiled on first use by `torch.utils.cpp_extension` (g++ and ninja; ~30-40 s once, then cached in
 `cache_dir()/torch_extensions`). Where that fails (no compiler) the engine warns once and keeps the PyTorch
-ops, which compute the same thing: `cpu_kernels_status()` says which is in use. `LAB_CPU_KERNELS=0` turns the
+ops (and oneDNN for the linears), which compute the same thing: `cpu_kernels_status()` says which is in use. `LAB_CPU_KERNELS=0` turns the
 kernels off (A/B measurements).
 """
 from __future__ import annotations
@@ -31,7 +33,7 @@ except ImportError:  # Windows: no file locks (and rarely a compiler torch can u
 from lab_utils.paths import cache_dir
 
 CSRC = Path(__file__).parent / "csrc"
-SOURCES = [CSRC / "paged_decode_attention.cpp", CSRC / "layer_ops.cpp", CSRC / "bindings.cpp"]
+SOURCES = [CSRC / "paged_decode_attention.cpp", CSRC / "layer_ops.cpp", CSRC / "small_m_linear.cpp", CSRC / "bindings.cpp"]
 # -fopenmp: ATen's parallel_for is OpenMP code inlined from its header; the extension then shares torch's own
 # libgomp (same soname, already loaded). -ffast-math lets exp vectorise (softmax, silu).
 _ISA = {"AVX2": ["-mavx2", "-mfma"], "AVX512": ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx2", "-mfma"]}

@@ -26,6 +26,8 @@ import weakref
 import torch
 from torch import nn
 
+from lab_utils.engine.cpu_kernels import cpu_kernels
+
 
 def packed_linear_available(device: torch.device, dtype: torch.dtype) -> bool:
     """oneDNN packing pays for float32 on CPU; bf16/fp16 on a CPU without native support would be emulated."""
@@ -38,14 +40,34 @@ def packed_linear_available(device: torch.device, dtype: torch.dtype) -> bool:
 # oneDNN wins too once the weights come from memory as in a real forward (30 layers' distinct weights, 420 MB):
 # 22.5 vs 29.5 ms for SmolLM2's layer linears. (An earlier measurement that reused one layer's weights, which
 # then sat in cache, had MKL's matrix-vector kernel ahead; session 4 of issue #13 corrected that.)
-MKL_MIN_ROWS_PER_THREAD = 64
+# Session 6 (with the small-M kernel below taking up to 64 rows): at 128 rows on 2 threads oneDNN is 7% ahead of
+# MKL (229 vs 245 ms for all of SmolLM2's linears), level at 192; on 1 thread oneDNN leads at 64, MKL at 128.
+MKL_MIN_ROWS_PER_THREAD = 96
 MKL_MIN_ROWS_PER_THREAD_WIDE = 512
 WIDE_OUTPUT = 16384
 
 
+# Up to this many rows (a decode step's batch, a verify step's k+1 rows) the compiled small-M kernel
+# (`csrc/small_m_linear.cpp`: each weight row read once, straight from the model's layout, into all rows of x)
+# beats oneDNN's packed GEMM on the 2-core AVX2 VM: 1.2-1.35x from 1 to 16 rows, ~1.1x at 32-64, even at 96-128
+# (both then compute-bound). LAB_CPU_SMALL_M_LINEAR=0 turns it off (A/B); it needs in_features % 8 == 0.
+SMALL_M_MAX_ROWS = 64
+
+
+def small_m_enabled() -> bool:
+    return os.environ.get("LAB_CPU_SMALL_M_LINEAR", "1") != "0"
+
+
+def small_m_rows(in_features: int) -> int:
+    """Up to how many rows a packed linear tries the compiled small-M kernel (used only while `cpu_kernels()` is
+    built and not switched off; else oneDNN as before)."""
+    return SMALL_M_MAX_ROWS if in_features % 8 == 0 and small_m_enabled() else 0
+
+
 class PackedLinear(nn.Module):
-    """An `nn.Linear` (no bias or with bias) whose weight is reordered once for oneDNN; the row counts where MKL
-    is faster (one row; a large prefill chunk) go to the plain `F.linear` on the shared weight."""
+    """An `nn.Linear` (no bias or with bias) whose weight is reordered once for oneDNN; a few rows go to the
+    compiled small-M kernel where it is built (`SMALL_M_MAX_ROWS`), the row counts where MKL is faster (a large
+    prefill chunk) to the plain `F.linear` on the shared weight."""
 
     def __init__(self, linear: nn.Linear) -> None:
         super().__init__()
@@ -55,6 +77,7 @@ class PackedLinear(nn.Module):
         with torch.no_grad():
             self.packed = torch.ops.mkldnn._reorder_linear_weight(linear.weight.detach())
         self.mkl_min_rows = self.min_rows_for_mkl(self.out_features)
+        self.small_m_rows = small_m_rows(self.in_features)
 
     @staticmethod
     def min_rows_for_mkl(out_features: int) -> int:
@@ -71,6 +94,8 @@ class PackedLinear(nn.Module):
         if self.plain_path(x, self.in_features, self.mkl_min_rows):
             return nn.functional.linear(x, self.weight, self.bias)
         bias = None if self.bias is None else self.bias.detach()
+        if x.numel() <= self.small_m_rows * self.in_features and (kernels := cpu_kernels()) is not None:
+            return kernels.small_m_linear(x.contiguous(), [self.weight.detach()], bias)  # the live weight
         return torch.ops.mkldnn._linear_pointwise(x, self.packed, bias, "none", [], "")
 
     def extra_repr(self) -> str:
@@ -102,7 +127,7 @@ def pack_linears(model: nn.Module, fuse: bool = True) -> tuple[nn.Module, int]:
 
 # one packed view per model, shared by every engine built on it (a lab often builds several engines on one
 # model: each would otherwise hold its own extra copy of the weights); reused only while no weight has changed
-_VIEWS: weakref.WeakKeyDictionary[nn.Module, tuple[nn.Module, list[int], bool]] = weakref.WeakKeyDictionary()
+_VIEWS: weakref.WeakKeyDictionary[nn.Module, tuple[nn.Module, list[int], tuple[bool, bool]]] = weakref.WeakKeyDictionary()
 
 
 def _versions(model: nn.Module) -> list[int]:
@@ -116,11 +141,12 @@ def fast_linears(model: nn.Module, device: torch.device) -> nn.Module:
     if os.environ.get("LAB_CPU_PACKED_LINEAR", "1") == "0" or not packed_linear_available(device, model.dtype):
         return model
     fuse = os.environ.get("LAB_CPU_FUSED_LAYERS", "1") != "0"
+    switches = (fuse, small_m_enabled())
     cached = _VIEWS.get(model)
-    if cached is not None and cached[1] == _versions(model) and cached[2] == fuse:
+    if cached is not None and cached[1] == _versions(model) and cached[2] == switches:
         return cached[0]
     view, count = pack_linears(model, fuse=fuse)
     if not count:
         return model
-    _VIEWS[model] = (view, _versions(model), fuse)
+    _VIEWS[model] = (view, _versions(model), switches)
     return view

@@ -8,6 +8,8 @@ at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps);
 std::vector<at::Tensor> add_rms_norm(const at::Tensor& x, const at::Tensor& delta, const at::Tensor& weight,
                                      double eps);
 at::Tensor silu_mul(const at::Tensor& gate_up);
+at::Tensor small_m_linear(const at::Tensor& x, const std::vector<at::Tensor>& weights,
+                          const c10::optional<at::Tensor>& bias);
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("paged_decode_attention", &paged_decode_attention,
@@ -15,4 +17,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("rms_norm", &rms_norm, "RMSNorm(x) * weight, one pass (float32)");
   m.def("add_rms_norm", &add_rms_norm, "(x + delta, RMSNorm(x + delta) * weight), one pass (float32)");
   m.def("silu_mul", &silu_mul, "silu(gate) * up for gate_up = [gate, up] (float32)");
+  m.def("small_m_linear", &small_m_linear, "x @ cat(weights).T (+ bias) for a few rows of x, weights read once (float32)",
+        py::arg("x"), py::arg("weights"), py::arg("bias") = py::none());
 }

@@ -1,0 +1,122 @@
+"""The compiled small-M GEMM (csrc/small_m_linear.cpp) behind the engine's packed linears: same products as
+`F.linear`, bad input named, and the linears use it only where it applies."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from lab_utils import EngineConfig, LLMEngine, SamplingParams, load_model
+from lab_utils.engine.cpu_fused import FusedPackedLinear
+from lab_utils.engine.cpu_kernels import cpu_kernels, cpu_kernels_status
+from lab_utils.engine.cpu_linear import (
+    SMALL_M_MAX_ROWS,
+    PackedLinear,
+    fast_linears,
+    small_m_rows,
+)
+
+needs_kernel = pytest.mark.skipif(cpu_kernels() is None, reason=f"needs the compiled kernel: {cpu_kernels_status()}")
+
+
+@needs_kernel
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 6, 7, 8, 9, 15, 16, 17, 33, 64])
+def test_kernel_equals_f_linear(rows):
+    """Every tile shape (4-row tiles and the 1-3 rows left; 8/6/4/3 weight rows a block) and weights whose row
+    count leaves a remainder, several weights side by side, with and without bias."""
+    g = torch.Generator().manual_seed(rows)
+    x = torch.randn(rows, 96, generator=g)
+    weights = [torch.randn(n, 96, generator=g) for n in (48, 7, 25)]
+    bias = torch.randn(80, generator=g)
+    want = F.linear(x, torch.cat(weights))
+    got = cpu_kernels().small_m_linear(x, weights)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-4)
+    torch.testing.assert_close(cpu_kernels().small_m_linear(x, weights, bias), want + bias, rtol=1e-5, atol=1e-4)
+
+
+@needs_kernel
+def test_kernel_keeps_leading_dimensions_and_empty_input():
+    x = torch.randn(2, 3, 16)
+    w = torch.randn(10, 16)
+    torch.testing.assert_close(cpu_kernels().small_m_linear(x, [w]), F.linear(x, w), rtol=1e-5, atol=1e-5)
+    assert cpu_kernels().small_m_linear(torch.zeros(0, 16), [w]).shape == (0, 10)
+
+
+@needs_kernel
+def test_kernel_rejects_bad_input_by_name():
+    kern = cpu_kernels()
+    with pytest.raises(RuntimeError, match="divisible by 8"):
+        kern.small_m_linear(torch.zeros(2, 12), [torch.zeros(4, 12)])
+    with pytest.raises(RuntimeError, match="in_features 24 but x has 16"):
+        kern.small_m_linear(torch.zeros(2, 16), [torch.zeros(4, 24)])
+    with pytest.raises(RuntimeError, match="float32"):
+        kern.small_m_linear(torch.zeros(2, 16, dtype=torch.float64), [torch.zeros(4, 16)])
+    with pytest.raises(RuntimeError, match="contiguous float32 CPU"):
+        kern.small_m_linear(torch.zeros(2, 16), [torch.zeros(16, 4).t()])
+    with pytest.raises(RuntimeError, match="bias must be"):
+        kern.small_m_linear(torch.zeros(2, 16), [torch.zeros(4, 16)], torch.zeros(5))
+    with pytest.raises(RuntimeError, match="at least one weight"):
+        kern.small_m_linear(torch.zeros(2, 16), [])
+
+
+@needs_kernel
+@pytest.mark.parametrize("rows", [1, 5, SMALL_M_MAX_ROWS, SMALL_M_MAX_ROWS + 1])
+def test_packed_linears_equal_f_linear_around_the_switch(rows):
+    """Up to SMALL_M_MAX_ROWS rows the kernel, above it oneDNN: the same product either side (bias included)."""
+    torch.manual_seed(0)
+    lin = nn.Linear(64, 40)
+    a, b = nn.Linear(64, 24, bias=False), nn.Linear(64, 8, bias=False)
+    x = torch.randn(rows, 64)
+    with torch.inference_mode():
+        torch.testing.assert_close(PackedLinear(lin)(x), lin(x), rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(FusedPackedLinear([a, b])(x), torch.cat([a(x), b(x)], -1), rtol=1e-5, atol=1e-5)
+
+
+@needs_kernel
+def test_small_m_path_is_taken_and_reads_the_live_weight():
+    """The kernel reads the model's own weight (no copy): an in-place change shows up in its products, which
+    oneDNN's packed snapshot would not show. That is how we know the kernel, not oneDNN, ran."""
+    lin = nn.Linear(32, 16)
+    packed = PackedLinear(lin)
+    assert packed.small_m_rows == SMALL_M_MAX_ROWS
+    x = torch.randn(3, 32)
+    with torch.no_grad():
+        lin.weight.mul_(2.0)
+        torch.testing.assert_close(packed(x), lin(x), rtol=1e-5, atol=1e-5)
+
+
+def test_small_m_rows_only_where_it_applies(monkeypatch):
+    assert small_m_rows(12) == 0  # in_features not a multiple of 8: oneDNN
+    monkeypatch.setenv("LAB_CPU_SMALL_M_LINEAR", "0")
+    assert small_m_rows(64) == 0
+    monkeypatch.delenv("LAB_CPU_SMALL_M_LINEAR")
+    assert small_m_rows(64) == SMALL_M_MAX_ROWS
+
+
+def test_view_is_rebuilt_when_the_small_m_switch_changes(monkeypatch):
+    model, _ = load_model("tiny-random", device="cpu", dtype=torch.float32)
+    cpu = torch.device("cpu")
+    on = fast_linears(model, cpu)
+    monkeypatch.setenv("LAB_CPU_SMALL_M_LINEAR", "0")
+    off = fast_linears(model, cpu)
+    assert off is not on
+    assert all(m.small_m_rows == 0 for m in off.modules() if isinstance(m, PackedLinear | FusedPackedLinear))
+
+
+@needs_kernel
+def test_engine_tokens_equal_with_and_without_small_m(monkeypatch):
+    model, tok = load_model("tiny-random", device="cpu", dtype=torch.float32)
+    prompts = [[5 + i, 17, 99, 3 * i + 1, 40, 41, 42][: 2 + i % 6] for i in range(7)]
+    params = SamplingParams(max_tokens=20, ignore_eos=True)
+
+    def run():
+        eng = LLMEngine((model, tok), EngineConfig(max_num_seqs=4, num_gpu_blocks=64, block_size=4,
+                                                   max_num_batched_tokens=16), device="cpu")
+        out = [o.token_ids for o in eng.generate(prompts, params)]
+        eng.block_manager.check_all_free()
+        return out
+
+    with_kernel = run()
+    monkeypatch.setenv("LAB_CPU_SMALL_M_LINEAR", "0")
+    assert with_kernel == run()
