@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from lab_utils.engine.cpu_kernels import cpu_kernels
-from lab_utils.engine.cpu_linear import PackedLinear, small_m_rows
+from lab_utils.engine.cpu_linear import PackedLinear, small_m_kernel, small_m_rows
 from lab_utils.models.llama import (
     AttentionFn,
     LlamaDecoderLayer,
@@ -55,7 +55,7 @@ class FusedPackedLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if PackedLinear.plain_path(x, self.in_features, self.mkl_min_rows):
             return torch.cat([F.linear(x, w) for w in self.weights], dim=-1)
-        if x.numel() <= self.small_m_rows * self.in_features and (kernels := cpu_kernels()) is not None:
+        if x.numel() <= self.small_m_rows * self.in_features and (kernels := small_m_kernel()) is not None:
             return kernels.small_m_linear(x.contiguous(), self.detached)  # outputs side by side, no weight copy
         return torch.ops.mkldnn._linear_pointwise(x, self.packed, None, "none", [], "")
 

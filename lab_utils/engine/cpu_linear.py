@@ -40,8 +40,9 @@ def packed_linear_available(device: torch.device, dtype: torch.dtype) -> bool:
 # oneDNN wins too once the weights come from memory as in a real forward (30 layers' distinct weights, 420 MB):
 # 22.5 vs 29.5 ms for SmolLM2's layer linears. (An earlier measurement that reused one layer's weights, which
 # then sat in cache, had MKL's matrix-vector kernel ahead; session 4 of issue #13 corrected that.)
-# Session 6 (with the small-M kernel below taking up to 64 rows): at 128 rows on 2 threads oneDNN is 7% ahead of
-# MKL (229 vs 245 ms for all of SmolLM2's linears), level at 192; on 1 thread oneDNN leads at 64, MKL at 128.
+# Session 6 (benchmarks/small_m_gemm.py, with the small-M kernel below taking up to 64 rows): on 2 threads oneDNN
+# is 7% ahead of MKL at 128 rows (231 vs 247 ms for all of SmolLM2's linears) and 4% behind at 192; on 1 thread
+# level at 96, MKL 3% ahead at 128.
 MKL_MIN_ROWS_PER_THREAD = 96
 MKL_MIN_ROWS_PER_THREAD_WIDE = 512
 WIDE_OUTPUT = 16384
@@ -49,8 +50,9 @@ WIDE_OUTPUT = 16384
 
 # Up to this many rows (a decode step's batch, a verify step's k+1 rows) the compiled small-M kernel
 # (`csrc/small_m_linear.cpp`: each weight row read once, straight from the model's layout, into all rows of x)
-# beats oneDNN's packed GEMM on the 2-core AVX2 VM: 1.2-1.35x from 1 to 16 rows, ~1.1x at 32-64, even at 96-128
-# (both then compute-bound). LAB_CPU_SMALL_M_LINEAR=0 turns it off (A/B); it needs in_features % 8 == 0.
+# beats oneDNN's packed GEMM on the 2-core AVX2 VM (benchmarks/small_m_gemm.py, SmolLM2's linears): 2 threads
+# 1.21x at 1 row, 1.27-1.31x at 2-8, 1.20x at 16, 1.09x at 64, level at 128; 1 thread 1.10x at 1 row, 1.04x at 64.
+# LAB_CPU_SMALL_M_LINEAR=0 turns it off (A/B); it needs in_features % 8 == 0 and an AVX2 build.
 SMALL_M_MAX_ROWS = 64
 
 
@@ -62,6 +64,12 @@ def small_m_rows(in_features: int) -> int:
     """Up to how many rows a packed linear tries the compiled small-M kernel (used only while `cpu_kernels()` is
     built and not switched off; else oneDNN as before)."""
     return SMALL_M_MAX_ROWS if in_features % 8 == 0 and small_m_enabled() else 0
+
+
+def small_m_kernel():
+    """The compiled kernels' module when its small-M GEMM is the vectorised (AVX2) one, else None: oneDNN then."""
+    kernels = cpu_kernels()
+    return kernels if kernels is not None and kernels.small_m_vectorized else None
 
 
 class PackedLinear(nn.Module):
@@ -94,7 +102,7 @@ class PackedLinear(nn.Module):
         if self.plain_path(x, self.in_features, self.mkl_min_rows):
             return nn.functional.linear(x, self.weight, self.bias)
         bias = None if self.bias is None else self.bias.detach()
-        if x.numel() <= self.small_m_rows * self.in_features and (kernels := cpu_kernels()) is not None:
+        if x.numel() <= self.small_m_rows * self.in_features and (kernels := small_m_kernel()) is not None:
             return kernels.small_m_linear(x.contiguous(), [self.weight.detach()], bias)  # the live weight
         return torch.ops.mkldnn._linear_pointwise(x, self.packed, bias, "none", [], "")
 

@@ -36,6 +36,17 @@ def test_kernel_equals_f_linear(rows):
 
 
 @needs_kernel
+def test_kernel_is_the_vectorised_one_on_x86_with_avx2():
+    """Built with -mavx2 -mfma (cpu_kernels' flags for an AVX2/AVX512 CPU) the AVX2 path is compiled; elsewhere
+    the module still builds with a plain loop and the engine keeps oneDNN (small_m_kernel() is None)."""
+    from lab_utils.engine.cpu_linear import small_m_kernel
+
+    avx2 = torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512")
+    assert cpu_kernels().small_m_vectorized == avx2
+    assert (small_m_kernel() is not None) == avx2
+
+
+@needs_kernel
 def test_kernel_keeps_leading_dimensions_and_empty_input():
     x = torch.randn(2, 3, 16)
     w = torch.randn(10, 16)

@@ -10,6 +10,7 @@ std::vector<at::Tensor> add_rms_norm(const at::Tensor& x, const at::Tensor& delt
 at::Tensor silu_mul(const at::Tensor& gate_up);
 at::Tensor small_m_linear(const at::Tensor& x, const std::vector<at::Tensor>& weights,
                           const c10::optional<at::Tensor>& bias);
+bool small_m_vectorized();
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("paged_decode_attention", &paged_decode_attention,
@@ -19,4 +20,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("silu_mul", &silu_mul, "silu(gate) * up for gate_up = [gate, up] (float32)");
   m.def("small_m_linear", &small_m_linear, "x @ cat(weights).T (+ bias) for a few rows of x, weights read once (float32)",
         py::arg("x"), py::arg("weights"), py::arg("bias") = py::none());
+  m.attr("small_m_vectorized") = small_m_vectorized();  // false: built without AVX2 + FMA, the engine keeps oneDNN
 }

@@ -14,13 +14,25 @@
 // packed GEMM over SmolLM2-135M's 30 layers + lm head (weights from memory): 1.2-1.35x faster from 1 to 16 rows,
 // ~1.1x at 32-64 rows (then both are compute-bound at ~95% of the FMA peak). Several weights reading the same x
 // (q/k/v, gate/up) are one call whose outputs sit side by side, as the fused linear's would.
+//
+// The AVX2 + FMA path is compiled where the build has them (x86-64 with -mavx2 -mfma, cpu_kernels.py's flags); on
+// other CPUs (ARM, old x86) a plain loop computes the same products so the module still builds, and
+// `small_m_vectorized` is false so the engine keeps oneDNN there.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
-#include <immintrin.h>
 
 #include <vector>
 
+#if defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+#define SMALL_M_AVX2 1
+#else
+#define SMALL_M_AVX2 0
+#endif
+
 namespace {
+
+#if SMALL_M_AVX2
 
 inline float hsum(__m256 v) {
   __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -67,6 +79,19 @@ void weight_rows(const float* x, const float* w, float* y, int64_t M, int64_t K,
   }
 }
 
+#else
+// portable fallback: the same products, one dot product at a time (not tuned; the engine does not use it)
+template <int NR>
+void weight_rows(const float* x, const float* w, float* y, int64_t M, int64_t K, int64_t ldy) {
+  for (int64_t m = 0; m < M; ++m)
+    for (int r = 0; r < NR; ++r) {
+      float acc = 0.f;
+      for (int64_t k = 0; k < K; ++k) acc += x[m * K + k] * w[r * K + k];
+      y[m * ldy + r] = acc;
+    }
+}
+#endif
+
 // how many weight rows a block takes: as many as keep MR x NR accumulators in AVX2's 16 registers
 int rows_per_block(int64_t M) { return M == 1 ? 8 : M == 2 ? 6 : M == 3 ? 4 : 3; }
 
@@ -77,6 +102,8 @@ struct Block {
 };
 
 }  // namespace
+
+bool small_m_vectorized() { return SMALL_M_AVX2; }
 
 // x [..., K] float32 contiguous; weights: [N_i, K] each -> y [..., sum N_i] = x @ cat(weights).T (+ bias [sum N_i])
 at::Tensor small_m_linear(const at::Tensor& x, const std::vector<at::Tensor>& weights,
