@@ -12,8 +12,8 @@ few plain C++ loops that replace them (the same idea as vLLM's CPU backend kerne
 
 They are compiled on first use by `torch.utils.cpp_extension` (g++ and ninja; ~30-40 s once, then cached in
 `cache_dir()/torch_extensions`). Where that fails (no compiler) the engine warns once and keeps the PyTorch
-ops (and oneDNN for the linears), which compute the same thing: `cpu_kernels_status()` says which is in use. `LAB_CPU_KERNELS=0` turns the
-kernels off (A/B measurements).
+ops (and oneDNN for the linears), which compute the same thing: `cpu_kernels_status()` says which is in use.
+`LAB_CPU_KERNELS=0` turns the kernels off (A/B measurements).
 """
 from __future__ import annotations
 
@@ -33,7 +33,8 @@ except ImportError:  # Windows: no file locks (and rarely a compiler torch can u
 from lab_utils.paths import cache_dir
 
 CSRC = Path(__file__).parent / "csrc"
-SOURCES = [CSRC / "paged_decode_attention.cpp", CSRC / "layer_ops.cpp", CSRC / "small_m_linear.cpp", CSRC / "bindings.cpp"]
+SOURCES = [CSRC / name for name in
+           ("paged_decode_attention.cpp", "layer_ops.cpp", "small_m_linear.cpp", "bindings.cpp")]
 # -fopenmp: ATen's parallel_for is OpenMP code inlined from its header; the extension then shares torch's own
 # libgomp (same soname, already loaded). -ffast-math lets exp vectorise (softmax, silu).
 _ISA = {"AVX2": ["-mavx2", "-mfma"], "AVX512": ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx2", "-mfma"]}

@@ -135,7 +135,9 @@ def pack_linears(model: nn.Module, fuse: bool = True) -> tuple[nn.Module, int]:
 
 # one packed view per model, shared by every engine built on it (a lab often builds several engines on one
 # model: each would otherwise hold its own extra copy of the weights); reused only while no weight has changed
-_VIEWS: weakref.WeakKeyDictionary[nn.Module, tuple[nn.Module, list[int], tuple[bool, bool]]] = weakref.WeakKeyDictionary()
+# (the switches: fused layers, small-M kernel)
+_VIEWS: weakref.WeakKeyDictionary[nn.Module, tuple[nn.Module, list[int], tuple[bool, bool]]] = (
+    weakref.WeakKeyDictionary())
 
 
 def _versions(model: nn.Module) -> list[int]:

@@ -18,7 +18,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("rms_norm", &rms_norm, "RMSNorm(x) * weight, one pass (float32)");
   m.def("add_rms_norm", &add_rms_norm, "(x + delta, RMSNorm(x + delta) * weight), one pass (float32)");
   m.def("silu_mul", &silu_mul, "silu(gate) * up for gate_up = [gate, up] (float32)");
-  m.def("small_m_linear", &small_m_linear, "x @ cat(weights).T (+ bias) for a few rows of x, weights read once (float32)",
-        py::arg("x"), py::arg("weights"), py::arg("bias") = py::none());
+  m.def("small_m_linear", &small_m_linear,
+        "x @ cat(weights).T (+ bias) for a few rows of x, each weight row read once (float32)", py::arg("x"),
+        py::arg("weights"), py::arg("bias") = py::none());
   m.attr("small_m_vectorized") = small_m_vectorized();  // false: built without AVX2 + FMA, the engine keeps oneDNN
 }

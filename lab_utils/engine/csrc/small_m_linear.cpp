@@ -11,9 +11,9 @@
 //       acc[m][r] += x_m[k:k+8] * w_r[k:k+8]  for k in steps of 8 (AVX2 FMA), then y[m, n+r] = sum(acc[m][r])
 //
 // and prefetches the next block's weight rows while it computes. Measured on a 2-core AVX2 VM against oneDNN's
-// packed GEMM over SmolLM2-135M's 30 layers + lm head (weights from memory): 1.2-1.35x faster from 1 to 16 rows,
-// ~1.1x at 32-64 rows (then both are compute-bound at ~95% of the FMA peak). Several weights reading the same x
-// (q/k/v, gate/up) are one call whose outputs sit side by side, as the fused linear's would.
+// packed GEMM over SmolLM2-135M's 30 layers + lm head (weights from memory, benchmarks/small_m_gemm.py, 2 threads):
+// 1.2-1.3x faster from 1 to 16 rows, 1.1x at 32-64 rows (then both near the FMA peak). Several weights reading the
+// same x (q/k/v, gate/up) are one call whose outputs sit side by side, as the fused linear's would.
 //
 // The AVX2 + FMA path is compiled where the build has them (x86-64 with -mavx2 -mfma, cpu_kernels.py's flags); on
 // other CPUs (ARM, old x86) a plain loop computes the same products so the module still builds, and
@@ -62,19 +62,22 @@ inline void tile(const float* x, const float* w, float* y, int64_t K, int64_t ld
     for (int r = 0; r < NR; ++r) y[m * ldy + r] = hsum(acc[m][r]);
 }
 
-// all M rows of x against NR weight rows: tiles of 4 rows, then the 1-3 left
+template <int MR, int NR>
+inline void tile_maybe_prefetch(bool prefetch, const float* x, const float* w, float* y, int64_t K, int64_t ldy) {
+  if (prefetch) tile<MR, NR, true>(x, w, y, K, ldy);
+  else tile<MR, NR, false>(x, w, y, K, ldy);
+}
+
+// all M rows of x against NR weight rows: tiles of 4 rows, then the 1-3 left; the first tile prefetches
 template <int NR>
 void weight_rows(const float* x, const float* w, float* y, int64_t M, int64_t K, int64_t ldy) {
   int64_t m = 0;
-  if (M >= 4) {
-    tile<4, NR, true>(x, w, y, K, ldy);
-    for (m = 4; m + 4 <= M; m += 4) tile<4, NR, false>(x + m * K, w, y + m * ldy, K, ldy);
-  }
-  const bool first = m == 0;  // no 4-row tile ran: this one prefetches
+  for (; m + 4 <= M; m += 4) tile_maybe_prefetch<4, NR>(m == 0, x + m * K, w, y + m * ldy, K, ldy);
+  const bool first = m == 0;
   switch (M - m) {
-    case 3: first ? tile<3, NR, true>(x + m * K, w, y + m * ldy, K, ldy) : tile<3, NR, false>(x + m * K, w, y + m * ldy, K, ldy); break;
-    case 2: first ? tile<2, NR, true>(x + m * K, w, y + m * ldy, K, ldy) : tile<2, NR, false>(x + m * K, w, y + m * ldy, K, ldy); break;
-    case 1: first ? tile<1, NR, true>(x + m * K, w, y + m * ldy, K, ldy) : tile<1, NR, false>(x + m * K, w, y + m * ldy, K, ldy); break;
+    case 3: tile_maybe_prefetch<3, NR>(first, x + m * K, w, y + m * ldy, K, ldy); break;
+    case 2: tile_maybe_prefetch<2, NR>(first, x + m * K, w, y + m * ldy, K, ldy); break;
+    case 1: tile_maybe_prefetch<1, NR>(first, x + m * K, w, y + m * ldy, K, ldy); break;
     default: break;
   }
 }
