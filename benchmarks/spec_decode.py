@@ -24,7 +24,8 @@ from lab_utils.spec.measure import build_engines, compare
 from lab_utils.spec.workloads import WORKLOADS, make_prompts
 
 
-def method_configs(methods: list[str], ks: list[int], draft: str | None, lookup_min: int, lookup_max: int) -> dict:
+def method_configs(methods: list[str], ks: list[int], draft: str | None, lookup_min: int, lookup_max: int,
+                   draft_quantization: str | None = None) -> dict:
     """{"none": None, "ngram k=4": SpecConfig(...), ...}: every method at every k."""
     cfgs = {}
     for m in methods:
@@ -35,7 +36,7 @@ def method_configs(methods: list[str], ks: list[int], draft: str | None, lookup_
             if m == "ngram":
                 cfgs[f"{m} k={k}"] = SpecConfig("ngram", k, prompt_lookup_min=lookup_min, prompt_lookup_max=lookup_max)
             elif m == "draft":
-                cfgs[f"{m} k={k}"] = SpecConfig("draft", k, model=draft)
+                cfgs[f"{m} k={k}"] = SpecConfig("draft", k, model=draft, quantization=draft_quantization)
             else:
                 cfgs[f"{m} k={k}"] = SpecConfig(m, k)
     return cfgs
@@ -48,6 +49,8 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--methods", nargs="+", default=["none", "ngram", "draft", "medusa", "eagle"])
     ap.add_argument("--k", nargs="+", type=int, default=[4], help="num_speculative_tokens (several: one column each)")
     ap.add_argument("--draft", default=None, help="draft model (default data/models/smollm2-draft)")
+    ap.add_argument("--draft-quantization", default=None, choices=["int8", "int4"],
+                    help="quantize the draft's weights (lm head included); with --draft smollm2-135m: a self-draft")
     ap.add_argument("--lookup-min", type=int, default=2)
     ap.add_argument("--lookup-max", type=int, default=5)
     ap.add_argument("--num-prompts", type=int, default=3)
@@ -59,7 +62,8 @@ def main(argv: list[str] | None = None) -> dict:
     a = ap.parse_args(argv)
 
     model_tok = load_model(a.model, device="cpu", dtype=torch.float32)
-    engines = build_engines(model_tok, method_configs(a.methods, a.k, a.draft, a.lookup_min, a.lookup_max))
+    engines = build_engines(model_tok, method_configs(a.methods, a.k, a.draft, a.lookup_min, a.lookup_max,
+                                                        a.draft_quantization))
     params = SamplingParams(max_tokens=a.max_tokens)
     result = {"machine": f"{os.cpu_count()}-core {platform.machine()} CPU", "load_avg_1m_start": os.getloadavg()[0],
               "omp_num_threads": torch.get_num_threads(), "platform": platform.platform(),

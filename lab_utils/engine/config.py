@@ -20,10 +20,18 @@ class SpecConfig:
     model: str | None = None  # the draft model for method="draft", heads for medusa/eagle
     prompt_lookup_min: int = 1
     prompt_lookup_max: int = 4
+    # method="draft": weight-only quantization of the draft ("int8" | "int4"; lm head included), as vLLM's
+    # speculative `quantization`. With model= the target's own name this is a self-draft: a quarter of the bytes.
+    quantization: str | None = None
 
     def __post_init__(self) -> None:
         if self.method not in SPEC_METHODS:
             raise ValueError(f"SpecConfig.method={self.method!r} is invalid: must be one of {SPEC_METHODS}")
+        if self.quantization not in QUANTIZATIONS:
+            raise ValueError(f"SpecConfig.quantization={self.quantization!r} is invalid: must be one of "
+                             f"{QUANTIZATIONS}")
+        if self.quantization is not None and self.method != "draft":
+            raise ValueError(f"SpecConfig.quantization applies to method='draft' only, not {self.method!r}")
         if not 1 <= self.num_speculative_tokens <= 16:
             raise ValueError(f"SpecConfig.num_speculative_tokens={self.num_speculative_tokens} must be in [1, 16]")
 

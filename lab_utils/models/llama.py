@@ -198,13 +198,14 @@ class LlamaForCausalLM(nn.Module):
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
 
+    # read from the embedding: it stays a float tensor when the linears (lm head included) are quantized
     @property
     def device(self) -> torch.device:
-        return self.lm_head.weight.device
+        return self.model.embed_tokens.weight.device
 
     @property
     def dtype(self) -> torch.dtype:
-        return self.lm_head.weight.dtype
+        return self.model.embed_tokens.weight.dtype
 
     def hidden_states(
         self,

@@ -41,6 +41,10 @@ class DraftModelProposer(Proposer):
                                  f"not exist; train it (scripts/train_draft.py) or set model=<a model sharing the "
                                  f"target's tokenizer>")
             draft_model, _ = load_model(name, device=device, dtype=getattr(target_model, "dtype", None))
+            if getattr(spec_config, "quantization", None):  # our own fresh copy: quantize it in place
+                from lab_utils.quant.linear import quantize_model
+
+                draft_model, _ = quantize_model(draft_model, spec_config.quantization, skip=())
         from lab_utils.engine.cpu_linear import fast_linears
 
         self.model = fast_linears(draft_model.eval(), draft_model.device)  # packed view on a CPU (engine's GEMM)

@@ -157,6 +157,32 @@ def test_greedy_is_token_identical(tiny64, other_draft, method, cfg):
         assert st["spec_acceptance_rate"] < 0.9  # rejections did happen, and rollback kept outputs exact
 
 
+def test_spec_quantization_is_validated():
+    with pytest.raises(ValueError, match="quantization='fp4' is invalid"):
+        SpecConfig("draft", 2, quantization="fp4")
+    with pytest.raises(ValueError, match="method='draft' only"):
+        SpecConfig("ngram", 2, quantization="int8")
+
+
+@pytest.mark.parametrize("method", ["int8", "int4"])
+def test_quantized_self_draft_is_token_identical(method):
+    """The target's own weights, quantized, as its draft (SpecConfig(model=<the target>, quantization=...)):
+    outputs stay exactly the target's, and the draft agrees with it most of the time."""
+    from lab_utils import load_model
+    from lab_utils.quant.linear import Int4Linear, Int8Linear
+
+    target = load_model("tiny-random", device="cpu", dtype=torch.float32)
+    prompts = _prompts(4)
+    _, base = _generate(target, prompts, block_size=4, num_gpu_blocks=400)
+    spec = SpecConfig("draft", 3, model="tiny-random", quantization=method)
+    eng, outs = _generate(target, prompts, spec, block_size=4, num_gpu_blocks=400)
+    assert [o.token_ids for o in outs] == [o.token_ids for o in base]
+    kind = Int8Linear if method == "int8" else Int4Linear
+    draft_modules = list(eng.spec.proposer.model.modules())
+    assert any(isinstance(m, kind) for m in draft_modules), "the draft was not quantized"
+    assert eng.stats()["spec_acceptance_rate"] > 0.5
+
+
 @pytest.mark.parametrize("mode", ["recompute", "swap"])
 def test_preemption_under_speculation(tiny64, other_draft, mode):
     prompts = _prompts(5, seed=3)

@@ -41,17 +41,24 @@ inline float hsum(__m256 v) {
   return _mm_cvtss_f32(s);
 }
 
+// 8 weights as floats: float32 as they are, int8 widened (the per-row scale is applied to the finished sums)
+inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
+inline __m256 load8(const int8_t* p) {
+  return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
+}
+
 // y[m, r] (row stride ldy) = x_m . w_r for MR rows of x (stride K) and NR rows of w (stride K); K % 8 == 0.
 // PREFETCH: also pull the next NR weight rows into cache (done by the first tile of a block only).
-template <int MR, int NR, bool PREFETCH>
-inline void tile(const float* x, const float* w, float* y, int64_t K, int64_t ldy) {
+template <typename T, int MR, int NR, bool PREFETCH>
+inline void tile(const float* x, const T* w, float* y, int64_t K, int64_t ldy) {
+  constexpr int64_t kLine = 64 / sizeof(T);  // weights in one 64-byte cache line
   __m256 acc[MR][NR];
   for (int m = 0; m < MR; ++m)
     for (int r = 0; r < NR; ++r) acc[m][r] = _mm256_setzero_ps();
   for (int64_t k = 0; k < K; k += 8) {
     __m256 wv[NR];
-    for (int r = 0; r < NR; ++r) wv[r] = _mm256_loadu_ps(w + r * K + k);
-    if (PREFETCH && (k & 15) == 0)  // one 64-byte line = 16 floats
+    for (int r = 0; r < NR; ++r) wv[r] = load8(w + r * K + k);
+    if (PREFETCH && k % kLine == 0)
       for (int r = 0; r < NR; ++r) _mm_prefetch(reinterpret_cast<const char*>(w + (NR + r) * K + k), _MM_HINT_T0);
     for (int m = 0; m < MR; ++m) {
       const __m256 xv = _mm256_loadu_ps(x + m * K + k);
@@ -62,34 +69,34 @@ inline void tile(const float* x, const float* w, float* y, int64_t K, int64_t ld
     for (int r = 0; r < NR; ++r) y[m * ldy + r] = hsum(acc[m][r]);
 }
 
-template <int MR, int NR>
-inline void tile_maybe_prefetch(bool prefetch, const float* x, const float* w, float* y, int64_t K, int64_t ldy) {
-  if (prefetch) tile<MR, NR, true>(x, w, y, K, ldy);
-  else tile<MR, NR, false>(x, w, y, K, ldy);
+template <typename T, int MR, int NR>
+inline void tile_maybe_prefetch(bool prefetch, const float* x, const T* w, float* y, int64_t K, int64_t ldy) {
+  if (prefetch) tile<T, MR, NR, true>(x, w, y, K, ldy);
+  else tile<T, MR, NR, false>(x, w, y, K, ldy);
 }
 
 // all M rows of x against NR weight rows: tiles of 4 rows, then the 1-3 left; the first tile prefetches
-template <int NR>
-void weight_rows(const float* x, const float* w, float* y, int64_t M, int64_t K, int64_t ldy) {
+template <typename T, int NR>
+void weight_rows(const float* x, const T* w, float* y, int64_t M, int64_t K, int64_t ldy) {
   int64_t m = 0;
-  for (; m + 4 <= M; m += 4) tile_maybe_prefetch<4, NR>(m == 0, x + m * K, w, y + m * ldy, K, ldy);
+  for (; m + 4 <= M; m += 4) tile_maybe_prefetch<T, 4, NR>(m == 0, x + m * K, w, y + m * ldy, K, ldy);
   const bool first = m == 0;
   switch (M - m) {
-    case 3: tile_maybe_prefetch<3, NR>(first, x + m * K, w, y + m * ldy, K, ldy); break;
-    case 2: tile_maybe_prefetch<2, NR>(first, x + m * K, w, y + m * ldy, K, ldy); break;
-    case 1: tile_maybe_prefetch<1, NR>(first, x + m * K, w, y + m * ldy, K, ldy); break;
+    case 3: tile_maybe_prefetch<T, 3, NR>(first, x + m * K, w, y + m * ldy, K, ldy); break;
+    case 2: tile_maybe_prefetch<T, 2, NR>(first, x + m * K, w, y + m * ldy, K, ldy); break;
+    case 1: tile_maybe_prefetch<T, 1, NR>(first, x + m * K, w, y + m * ldy, K, ldy); break;
     default: break;
   }
 }
 
 #else
 // portable fallback: the same products, one dot product at a time (not tuned; the engine does not use it)
-template <int NR>
-void weight_rows(const float* x, const float* w, float* y, int64_t M, int64_t K, int64_t ldy) {
+template <typename T, int NR>
+void weight_rows(const float* x, const T* w, float* y, int64_t M, int64_t K, int64_t ldy) {
   for (int64_t m = 0; m < M; ++m)
     for (int r = 0; r < NR; ++r) {
       float acc = 0.f;
-      for (int64_t k = 0; k < K; ++k) acc += x[m * K + k] * w[r * K + k];
+      for (int64_t k = 0; k < K; ++k) acc += x[m * K + k] * static_cast<float>(w[r * K + k]);
       y[m * ldy + r] = acc;
     }
 }
@@ -98,47 +105,41 @@ void weight_rows(const float* x, const float* w, float* y, int64_t M, int64_t K,
 // how many weight rows a block takes: as many as keep MR x NR accumulators in AVX2's 16 registers
 int rows_per_block(int64_t M) { return M == 1 ? 8 : M == 2 ? 6 : M == 3 ? 4 : 3; }
 
+template <typename T>
 struct Block {
-  const float* w;  // first weight row
+  const T* w;      // first weight row
   int64_t col;     // its output column
   int rows;        // NR, or 1 for the rows left at the end of a weight
 };
 
-}  // namespace
-
-bool small_m_vectorized() { return SMALL_M_AVX2; }
-
-// x [..., K] float32 contiguous; weights: [N_i, K] each -> y [..., sum N_i] = x @ cat(weights).T (+ bias [sum N_i])
-at::Tensor small_m_linear(const at::Tensor& x, const std::vector<at::Tensor>& weights,
-                          const c10::optional<at::Tensor>& bias) {
+void check_x(const at::Tensor& x) {
   TORCH_CHECK(x.device().is_cpu() && x.scalar_type() == at::kFloat && x.is_contiguous(),
               "x must be a contiguous float32 CPU tensor");
-  TORCH_CHECK(!weights.empty(), "small_m_linear needs at least one weight");
-  const int64_t K = x.size(-1), M = K ? x.numel() / K : 0;
-  TORCH_CHECK(K % 8 == 0, "small_m_linear needs in_features divisible by 8 (AVX2 lanes), got ", K);
-  int64_t N = 0;
-  for (const auto& w : weights) {
-    TORCH_CHECK(w.device().is_cpu() && w.scalar_type() == at::kFloat && w.is_contiguous() && w.dim() == 2,
-                "weights must be contiguous float32 CPU [out, in] matrices");
-    TORCH_CHECK(w.size(1) == K, "weight has in_features ", w.size(1), " but x has ", K);
-    N += w.size(0);
-  }
-  const float* b = nullptr;
-  if (bias.has_value() && bias->defined()) {
-    TORCH_CHECK(bias->scalar_type() == at::kFloat && bias->is_contiguous() && bias->numel() == N,
-                "bias must be a contiguous float32 vector of ", N, " (the outputs), got ", bias->sizes());
-    b = bias->data_ptr<float>();
-  }
+  TORCH_CHECK(x.size(-1) % 8 == 0, "small_m_linear needs in_features divisible by 8 (AVX2 lanes), got ",
+              x.size(-1));
+}
+
+const float* checked_vector(const c10::optional<at::Tensor>& v, int64_t n, const char* name) {
+  if (!v.has_value() || !v->defined()) return nullptr;
+  TORCH_CHECK(v->scalar_type() == at::kFloat && v->is_contiguous() && v->numel() == n, name,
+              " must be a contiguous float32 vector of ", n, " (the outputs), got ", v->sizes());
+  return v->data_ptr<float>();
+}
+
+// y = x @ cat(weights).T, then y *= scale (per output column, if given) and y += bias (if given)
+template <typename T>
+at::Tensor run(const at::Tensor& x, const std::vector<at::Tensor>& weights, const float* scale, const float* bias,
+               int64_t N) {
+  const int64_t K = x.size(-1), M = x.numel() / K;
   auto sizes = x.sizes().vec();
   sizes.back() = N;
   auto y = at::empty(sizes, x.options());
   if (M == 0 || N == 0) return y;
-
   const int NR = rows_per_block(M);
-  std::vector<Block> blocks;
+  std::vector<Block<T>> blocks;
   int64_t col = 0;
   for (const auto& w : weights) {
-    const float* wp = w.data_ptr<float>();
+    const T* wp = w.data_ptr<T>();
     const int64_t n = w.size(0);
     int64_t r = 0;
     for (; r + NR <= n; r += NR) blocks.push_back({wp + r * K, col + r, NR});
@@ -149,17 +150,57 @@ at::Tensor small_m_linear(const at::Tensor& x, const std::vector<at::Tensor>& we
   float* yp = y.data_ptr<float>();
   at::parallel_for(0, static_cast<int64_t>(blocks.size()), 1, [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) {
-      const Block& blk = blocks[i];
+      const Block<T>& blk = blocks[i];
       float* out = yp + blk.col;
-      if (blk.rows == 1) weight_rows<1>(xp, blk.w, out, M, K, N);
-      else if (NR == 8) weight_rows<8>(xp, blk.w, out, M, K, N);
-      else if (NR == 6) weight_rows<6>(xp, blk.w, out, M, K, N);
-      else if (NR == 4) weight_rows<4>(xp, blk.w, out, M, K, N);
-      else weight_rows<3>(xp, blk.w, out, M, K, N);
-      if (b != nullptr)
+      if (blk.rows == 1) weight_rows<T, 1>(xp, blk.w, out, M, K, N);
+      else if (NR == 8) weight_rows<T, 8>(xp, blk.w, out, M, K, N);
+      else if (NR == 6) weight_rows<T, 6>(xp, blk.w, out, M, K, N);
+      else if (NR == 4) weight_rows<T, 4>(xp, blk.w, out, M, K, N);
+      else weight_rows<T, 3>(xp, blk.w, out, M, K, N);
+      if (scale != nullptr || bias != nullptr)
         for (int64_t m = 0; m < M; ++m)
-          for (int r = 0; r < blk.rows; ++r) out[m * N + r] += b[blk.col + r];
+          for (int r = 0; r < blk.rows; ++r) {
+            float& v = out[m * N + r];
+            if (scale != nullptr) v *= scale[blk.col + r];
+            if (bias != nullptr) v += bias[blk.col + r];
+          }
     }
   });
   return y;
+}
+
+}  // namespace
+
+bool small_m_vectorized() { return SMALL_M_AVX2; }
+
+// x [..., K] float32 contiguous; weights: [N_i, K] each -> y [..., sum N_i] = x @ cat(weights).T (+ bias [sum N_i])
+at::Tensor small_m_linear(const at::Tensor& x, const std::vector<at::Tensor>& weights,
+                          const c10::optional<at::Tensor>& bias) {
+  check_x(x);
+  TORCH_CHECK(!weights.empty(), "small_m_linear needs at least one weight");
+  const int64_t K = x.size(-1);
+  int64_t N = 0;
+  for (const auto& w : weights) {
+    TORCH_CHECK(w.device().is_cpu() && w.scalar_type() == at::kFloat && w.is_contiguous() && w.dim() == 2,
+                "weights must be contiguous float32 CPU [out, in] matrices");
+    TORCH_CHECK(w.size(1) == K, "weight has in_features ", w.size(1), " but x has ", K);
+    N += w.size(0);
+  }
+  return run<float>(x, weights, nullptr, checked_vector(bias, N, "bias"), N);
+}
+
+// the same for a weight-only INT8 linear (lab_utils/quant/linear.py's Int8Linear): q int8 [N, K], one float32
+// scale per output row -> y = (x @ q.T) * scale (+ bias). A quarter of the fp32 bytes to read.
+at::Tensor small_m_linear_int8(const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& scale,
+                               const c10::optional<at::Tensor>& bias) {
+  check_x(x);
+  TORCH_CHECK(qweight.device().is_cpu() && qweight.scalar_type() == at::kChar && qweight.is_contiguous() &&
+                  qweight.dim() == 2,
+              "qweight must be a contiguous int8 CPU [out, in] matrix");
+  TORCH_CHECK(qweight.size(1) == x.size(-1), "qweight has in_features ", qweight.size(1), " but x has ",
+              x.size(-1));
+  const int64_t N = qweight.size(0);
+  const float* s = checked_vector(scale, N, "scale");
+  TORCH_CHECK(s != nullptr, "scale is required (one float32 per output row)");
+  return run<int8_t>(x, {qweight}, s, checked_vector(bias, N, "bias"), N);
 }
