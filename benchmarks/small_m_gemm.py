@@ -7,7 +7,8 @@ What a decode step multiplies: 30 layers' q/k/v (fused, 576 -> 960), o (576 -> 5
 576 -> 3072), down (1536 -> 576) and the lm head (576 -> 49152), each layer with its own random weights, so the
 540 MB come from memory as in a real step (one layer's weights reused would sit in cache and flatter every
 kernel). For each row count: best of 5 passes over all of them with `csrc/small_m_linear.cpp`
-(`cpu_kernels().small_m_linear`), oneDNN's packed GEMM (`torch.ops.mkldnn._linear_pointwise` on weights
+(`cpu_kernels().small_m_linear`; and its INT8 variant on weight-only INT8 copies, a quarter of the bytes),
+oneDNN's packed GEMM (`torch.ops.mkldnn._linear_pointwise` on weights
 reordered once) and MKL (`F.linear`). These figures set `SMALL_M_MAX_ROWS` and `MKL_MIN_ROWS_PER_THREAD` in
 `lab_utils/engine/cpu_linear.py`. Writes `benchmarks/results/small_m_gemm-<date>-<threads>threads.json`.
 """
@@ -30,9 +31,16 @@ sys.path.insert(0, str(ROOT))
 from bench_common import machine
 
 from lab_utils.engine.cpu_kernels import cpu_kernels, cpu_kernels_status
+from lab_utils.quant.linear import Int8Linear
 
 SHAPES = [(960, 576), (576, 576), (3072, 576), (576, 1536)]  # (out, in) of one layer's linears
 LAYERS, VOCAB, HIDDEN = 30, 49152, 576
+
+
+def _linear(w: torch.Tensor) -> torch.nn.Linear:
+    lin = torch.nn.Linear(w.shape[1], w.shape[0], bias=False)
+    lin.weight.data = w
+    return lin
 
 
 def main(argv=None) -> int:
@@ -51,6 +59,7 @@ def main(argv=None) -> int:
     weights = [[torch.randn(n, k) * 0.02 for n, k in SHAPES] for _ in range(LAYERS)]
     weights.append([torch.randn(VOCAB, HIDDEN) * 0.02])
     packed = [[torch.ops.mkldnn._reorder_linear_weight(w) for w in layer] for layer in weights]
+    int8 = [[Int8Linear.from_linear(_linear(w)) for w in layer] for layer in weights]  # weight-only INT8 copies
     nbytes = 4 * sum(w.numel() for layer in weights for w in layer)
 
     def best(fn, rows: int) -> float:
@@ -60,14 +69,15 @@ def main(argv=None) -> int:
             t = time.perf_counter()
             for li, layer in enumerate(weights):
                 for wi, w in enumerate(layer):
-                    fn(xs[w.shape[1]], w, packed[li][wi])
+                    fn(xs[w.shape[1]], w, (packed[li][wi], int8[li][wi]))
             times.append(time.perf_counter() - t)
         return min(times)
 
     paths = {
         "small_m": lambda x, w, p: kernels.small_m_linear(x, [w]),
-        "onednn": lambda x, w, p: torch.ops.mkldnn._linear_pointwise(x, p, None, "none", [], ""),
+        "onednn": lambda x, w, p: torch.ops.mkldnn._linear_pointwise(x, p[0], None, "none", [], ""),
         "mkl": lambda x, w, p: F.linear(x, w),
+        "small_m_int8": lambda x, w, p: kernels.small_m_linear_int8(x, [p[1].qweight], p[1].scale),
     }
     rows_out = []
     for rows in args.rows:
@@ -79,7 +89,7 @@ def main(argv=None) -> int:
         rows_out.append(row)
         print(f"rows {rows:4d}: small-M {ms['small_m']:7.1f} ms ({row['small_m_GBps']:5.1f} GB/s, "
               f"{row['small_m_GFLOPs']:6.1f} GFLOP/s)  oneDNN {ms['onednn']:7.1f}  MKL {ms['mkl']:7.1f}  "
-              f"oneDNN / small-M {row['onednn_over_small_m']:.2f}", flush=True)
+              f"oneDNN / small-M {row['onednn_over_small_m']:.2f}  INT8 small-M {ms['small_m_int8']:7.1f}", flush=True)
     date = datetime.now(timezone.utc)
     out = Path(args.out or ROOT / "benchmarks" / "results" / f"small_m_gemm-{date:%Y%m%d}-{threads}threads.json")
     out.write_text(json.dumps({"benchmark": "small_m_gemm", "date": f"{date:%Y-%m-%d %H:%M} UTC",

@@ -15,6 +15,9 @@ per layer. This view does the same maths with ~15 per layer:
 - where the compiled kernels (`cpu_kernels`) are built: the residual add and the next RMSNorm are one pass, and
   so is silu(gate) * up.
 
+Weight-only INT8 models (`quantize_model(model, "int8")`) are fused the same way: their q/k/v and gate/up become
+one call of the compiled INT8 kernel each (`FusedInt8Linear`).
+
 Same results as the reference `LlamaForCausalLM` to float32 round-off (tests/unit/test_cpu_linear.py), same
 `hidden_states` interface, so the runner, the speculative decoders and the attention callables do not know which
 model they run. Built by `cpu_linear.pack_linears` for plain Llama models; the model the labs teach is unchanged.
@@ -33,6 +36,7 @@ from lab_utils.models.llama import (
     LlamaForCausalLM,
     dense_causal_attention,
 )
+from lab_utils.quant.linear import Int8Linear
 
 
 class FusedPackedLinear(nn.Module):
@@ -60,13 +64,35 @@ class FusedPackedLinear(nn.Module):
         return torch.ops.mkldnn._linear_pointwise(x, self.packed, None, "none", [], "")
 
 
+class FusedInt8Linear(nn.Module):
+    """Weight-only INT8 linears (`Int8Linear`) that read the same input, as one call of the compiled INT8 kernel
+    whose outputs sit side by side (few rows); other row counts run each linear's own forward."""
+
+    def __init__(self, linears: list[nn.Module]) -> None:
+        super().__init__()
+        if any(lin.bias is not None for lin in linears):
+            raise ValueError("FusedInt8Linear takes bias-free linears (Llama's)")
+        self.linears = linears  # a plain list: shared with the source model, not registered twice
+        self.qweights = [lin.qweight for lin in linears]
+        self.scale = torch.cat([lin.scale for lin in linears])  # tiny: one float per output row
+        self.in_features = linears[0].in_features
+        self.small_m_rows = small_m_rows(self.in_features)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if (x.dtype == torch.float32 and not x.requires_grad and x.numel() <= self.small_m_rows * self.in_features
+                and (kernels := small_m_kernel()) is not None):
+            return kernels.small_m_linear_int8(x.contiguous(), self.qweights, self.scale)
+        return torch.cat([lin(x) for lin in self.linears], dim=-1)
+
+
 class FusedLlamaDecoderLayer(LlamaDecoderLayer):
     """A `LlamaDecoderLayer` (same parameters) with q/k/v and gate/up fused; set up by `fuse_layers`."""
 
     def fuse(self) -> None:
         a, m = self.self_attn, self.mlp
-        self.qkv = FusedPackedLinear([a.q_proj, a.k_proj, a.v_proj])  # nn.Linear or PackedLinear: both have .weight
-        self.gate_up = FusedPackedLinear([m.gate_proj, m.up_proj])
+        fused = FusedInt8Linear if isinstance(a.q_proj, Int8Linear) else FusedPackedLinear  # (see `fusable`)
+        self.qkv = fused([a.q_proj, a.k_proj, a.v_proj])  # nn.Linear or PackedLinear: both have .weight
+        self.gate_up = fused([m.gate_proj, m.up_proj])
 
     def forward(self, x: torch.Tensor, delta: torch.Tensor | None, cos: torch.Tensor, sin_signed: torch.Tensor,
                 attention: AttentionFn, kernels=None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -128,19 +154,28 @@ _MLP_PROJECTIONS = ("gate_proj", "up_proj", "down_proj")
 _PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", *_MLP_PROJECTIONS)
 
 
+def _projection_kind(lin: nn.Module | None) -> str | None:
+    """"fp32" (a plain bias-free float32 nn.Linear), "int8" (a bias-free weight-only `Int8Linear`), else None."""
+    if type(lin) is nn.Linear and lin.bias is None and lin.weight.dtype == torch.float32:
+        return "fp32"
+    if type(lin) is Int8Linear and lin.bias is None and lin.scale.dtype == torch.float32:
+        return "int8"
+    return None
+
+
 def fusable(model: nn.Module) -> bool:
-    """Plain float32 Llama models only: subclasses may change the layer maths, other dtypes keep their norms, and
-    a layer whose projections were swapped (lab 05's quantized linears, tensor-parallel shards) keeps its own."""
+    """Plain float32 Llama models only, whose projections are all plain float32 linears or all weight-only INT8
+    (`quantize_model(..., "int8")`, the same maths per linear): subclasses may change the layer maths, other dtypes
+    keep their norms, and other swapped projections (INT4, tensor-parallel shards) keep their own."""
     if type(model) is not LlamaForCausalLM or model.dtype != torch.float32:
         return False
+    kinds = set()
     for layer in model.model.layers:
         if type(layer) is not LlamaDecoderLayer:
             return False
         for name in _PROJECTIONS:
-            lin = getattr(layer.mlp if name in _MLP_PROJECTIONS else layer.self_attn, name, None)
-            if type(lin) is not nn.Linear or lin.bias is not None or lin.weight.dtype != torch.float32:
-                return False
-    return True
+            kinds.add(_projection_kind(getattr(layer.mlp if name in _MLP_PROJECTIONS else layer.self_attn, name, None)))
+    return len(kinds) == 1 and None not in kinds
 
 
 def fuse_layers(view: LlamaForCausalLM) -> None:

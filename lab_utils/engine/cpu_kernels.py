@@ -8,7 +8,8 @@ few plain C++ loops that replace them (the same idea as vLLM's CPU backend kerne
 - `paged_decode_attention.cpp`: decode attention reading the paged KV cache in place (`cpu_attention`);
 - `layer_ops.cpp`: RMSNorm, residual add + RMSNorm, silu(gate) * up, one pass each (`cpu_fused`);
 - `small_m_linear.cpp`: the linears of a decode step (a few rows), each weight row read once (`cpu_linear`):
-  with so few rows the GEMM is bound by reading the weights, and oneDNN's general kernel reads them slower.
+  with so few rows the GEMM is bound by reading the weights, and oneDNN's general kernel reads them slower;
+  its INT8 variant serves weight-only INT8 linears (`quantization="int8"`, a quantized draft).
 
 They are compiled on first use by `torch.utils.cpp_extension` (g++ and ninja; ~30-40 s once, then cached in
 `cache_dir()/torch_extensions`). Where that fails (no compiler) the engine warns once and keeps the PyTorch

@@ -125,7 +125,7 @@ class SmallMInt8Linear(nn.Module):
         if (x.dtype == torch.float32 and not x.requires_grad and x.numel() <= self.small_m_rows * self.in_features
                 and (kernels := small_m_kernel()) is not None):
             lin = self.inner
-            return kernels.small_m_linear_int8(x.contiguous(), lin.qweight, lin.scale, lin.bias)
+            return kernels.small_m_linear_int8(x.contiguous(), [lin.qweight], lin.scale, lin.bias)
         return self.inner(x)
 
 

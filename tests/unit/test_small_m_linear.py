@@ -143,9 +143,9 @@ def test_int8_kernel_equals_int8_linear(rows):
     lin = nn.Linear(96, 37)
     q8 = Int8Linear.from_linear(lin)
     x = torch.randn(rows, 96)
-    got = cpu_kernels().small_m_linear_int8(x, q8.qweight, q8.scale, q8.bias)
+    got = cpu_kernels().small_m_linear_int8(x, [q8.qweight], q8.scale, q8.bias)
     torch.testing.assert_close(got, q8(x), rtol=1e-5, atol=1e-4)
-    no_bias = cpu_kernels().small_m_linear_int8(x, q8.qweight, q8.scale)
+    no_bias = cpu_kernels().small_m_linear_int8(x, [q8.qweight], q8.scale)
     torch.testing.assert_close(no_bias, q8(x) - q8.bias, rtol=1e-5, atol=1e-4)
 
 
@@ -154,28 +154,48 @@ def test_int8_kernel_rejects_bad_input_by_name():
     kern = cpu_kernels()
     q = torch.zeros(4, 16, dtype=torch.int8)
     with pytest.raises(RuntimeError, match="contiguous int8"):
-        kern.small_m_linear_int8(torch.zeros(2, 16), q.float(), torch.ones(4))
+        kern.small_m_linear_int8(torch.zeros(2, 16), [q.float()], torch.ones(4))
     with pytest.raises(RuntimeError, match="scale must be"):
-        kern.small_m_linear_int8(torch.zeros(2, 16), q, torch.ones(5))
+        kern.small_m_linear_int8(torch.zeros(2, 16), [q], torch.ones(5))
     with pytest.raises(RuntimeError, match="in_features 16 but x has 24"):
-        kern.small_m_linear_int8(torch.zeros(2, 24), q, torch.ones(4))
+        kern.small_m_linear_int8(torch.zeros(2, 24), [q], torch.ones(4))
 
 
 @needs_kernel
 @pytest.mark.parametrize("rows", [1, 5, SMALL_M_MAX_ROWS + 1])
 def test_packed_view_runs_int8_linears_through_the_kernel(rows):
-    """A quantized model's packed view wraps its Int8Linears (few rows: the kernel, else their own forward);
-    same outputs as the quantized model itself."""
+    """A quantized model's packed view is fused like an fp32 one (q/k/v and gate/up as one INT8 kernel call each)
+    and wraps its other Int8Linears (few rows: the kernel, else their own forward); same outputs as the quantized
+    model itself."""
     import copy
 
+    from lab_utils.engine.cpu_fused import FusedInt8Linear, FusedLlamaForCausalLM
     from lab_utils.engine.cpu_linear import SmallMInt8Linear, pack_linears
     from lab_utils.quant.linear import quantize_model
 
     model, _ = load_model("tiny-random", device="cpu", dtype=torch.float32)
     q_model, _ = quantize_model(copy.deepcopy(model), "int8", skip=())
     view, count = pack_linears(q_model)
-    wrapped = [m for m in view.modules() if isinstance(m, SmallMInt8Linear)]
-    assert count == len(wrapped) == 7 * len(q_model.model.layers) + 1  # q k v o gate up down, and the lm head
+    layers = len(q_model.model.layers)
+    assert type(view) is FusedLlamaForCausalLM
+    assert sum(isinstance(m, FusedInt8Linear) for m in view.modules()) == 2 * layers  # qkv, gate_up
+    assert sum(isinstance(m, SmallMInt8Linear) for m in view.modules()) == 2 * layers + 1  # o, down; the lm head
+    assert count == 7 * layers + 1
     ids = torch.randint(5, 1000, (1, rows))
     with torch.inference_mode():
         torch.testing.assert_close(view(ids), q_model(ids), rtol=1e-4, atol=1e-4)
+
+
+def test_fusable_for_all_fp32_or_all_int8_projections_only():
+    import copy
+
+    from lab_utils.engine.cpu_fused import fusable
+    from lab_utils.quant.linear import Int8Linear, quantize_model
+
+    model, _ = load_model("tiny-random", device="cpu", dtype=torch.float32)
+    assert fusable(model)
+    assert fusable(quantize_model(copy.deepcopy(model), "int8")[0])
+    assert not fusable(quantize_model(copy.deepcopy(model), "int4", group_size=16)[0])  # INT4 keeps its own layers
+    mixed = copy.deepcopy(model)
+    mixed.model.layers[0].self_attn.q_proj = Int8Linear.from_linear(mixed.model.layers[0].self_attn.q_proj)
+    assert not fusable(mixed)

@@ -10,7 +10,7 @@ std::vector<at::Tensor> add_rms_norm(const at::Tensor& x, const at::Tensor& delt
 at::Tensor silu_mul(const at::Tensor& gate_up);
 at::Tensor small_m_linear(const at::Tensor& x, const std::vector<at::Tensor>& weights,
                           const c10::optional<at::Tensor>& bias);
-at::Tensor small_m_linear_int8(const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& scale,
+at::Tensor small_m_linear_int8(const at::Tensor& x, const std::vector<at::Tensor>& qweights, const at::Tensor& scale,
                                const c10::optional<at::Tensor>& bias);
 bool small_m_vectorized();
 
@@ -24,7 +24,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "x @ cat(weights).T (+ bias) for a few rows of x, each weight row read once (float32)", py::arg("x"),
         py::arg("weights"), py::arg("bias") = py::none());
   m.def("small_m_linear_int8", &small_m_linear_int8,
-        "(x @ qweight.T) * scale (+ bias) for a few rows of x, int8 weights read once (weight-only INT8)",
-        py::arg("x"), py::arg("qweight"), py::arg("scale"), py::arg("bias") = py::none());
+        "(x @ cat(qweights).T) * scale (+ bias) for a few rows of x, int8 weights read once (weight-only INT8)",
+        py::arg("x"), py::arg("qweights"), py::arg("scale"), py::arg("bias") = py::none());
   m.attr("small_m_vectorized") = small_m_vectorized();  // false: built without AVX2 + FMA, the engine keeps oneDNN
 }

@@ -189,18 +189,21 @@ at::Tensor small_m_linear(const at::Tensor& x, const std::vector<at::Tensor>& we
   return run<float>(x, weights, nullptr, checked_vector(bias, N, "bias"), N);
 }
 
-// the same for a weight-only INT8 linear (lab_utils/quant/linear.py's Int8Linear): q int8 [N, K], one float32
-// scale per output row -> y = (x @ q.T) * scale (+ bias). A quarter of the fp32 bytes to read.
-at::Tensor small_m_linear_int8(const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& scale,
+// the same for weight-only INT8 linears (lab_utils/quant/linear.py's Int8Linear): qweights int8 [N_i, K] each,
+// one float32 scale per output row (scale [sum N_i]) -> y = (x @ cat(qweights).T) * scale (+ bias). A quarter of
+// the fp32 bytes to read.
+at::Tensor small_m_linear_int8(const at::Tensor& x, const std::vector<at::Tensor>& qweights, const at::Tensor& scale,
                                const c10::optional<at::Tensor>& bias) {
   check_x(x);
-  TORCH_CHECK(qweight.device().is_cpu() && qweight.scalar_type() == at::kChar && qweight.is_contiguous() &&
-                  qweight.dim() == 2,
-              "qweight must be a contiguous int8 CPU [out, in] matrix");
-  TORCH_CHECK(qweight.size(1) == x.size(-1), "qweight has in_features ", qweight.size(1), " but x has ",
-              x.size(-1));
-  const int64_t N = qweight.size(0);
+  TORCH_CHECK(!qweights.empty(), "small_m_linear_int8 needs at least one weight");
+  int64_t N = 0;
+  for (const auto& q : qweights) {
+    TORCH_CHECK(q.device().is_cpu() && q.scalar_type() == at::kChar && q.is_contiguous() && q.dim() == 2,
+                "qweights must be contiguous int8 CPU [out, in] matrices");
+    TORCH_CHECK(q.size(1) == x.size(-1), "qweight has in_features ", q.size(1), " but x has ", x.size(-1));
+    N += q.size(0);
+  }
   const float* s = checked_vector(scale, N, "scale");
   TORCH_CHECK(s != nullptr, "scale is required (one float32 per output row)");
-  return run<int8_t>(x, {qweight}, s, checked_vector(bias, N, "bias"), N);
+  return run<int8_t>(x, qweights, s, checked_vector(bias, N, "bias"), N);
 }
