@@ -91,7 +91,7 @@ class FusedLlamaDecoderLayer(LlamaDecoderLayer):
     def fuse(self) -> None:
         a, m = self.self_attn, self.mlp
         fused = FusedInt8Linear if isinstance(a.q_proj, Int8Linear) else FusedPackedLinear  # (see `fusable`)
-        self.qkv = fused([a.q_proj, a.k_proj, a.v_proj])  # nn.Linear or PackedLinear: both have .weight
+        self.qkv = fused([a.q_proj, a.k_proj, a.v_proj])  # nn.Linears (or PackedLinears), or Int8Linears
         self.gate_up = fused([m.gate_proj, m.up_proj])
 
     def forward(self, x: torch.Tensor, delta: torch.Tensor | None, cos: torch.Tensor, sin_signed: torch.Tensor,

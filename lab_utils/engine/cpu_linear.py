@@ -131,7 +131,8 @@ class SmallMInt8Linear(nn.Module):
 
 def pack_linears(model: nn.Module, fuse: bool = True) -> tuple[nn.Module, int]:
     """A copy of `model`'s module tree that shares its parameters and buffers, with every plain `nn.Linear`
-    replaced by a `PackedLinear`, and for a plain Llama the layers fused (`cpu_fused`: q/k/v and gate/up as one
+    replaced by a `PackedLinear` (and every weight-only `Int8Linear` by a `SmallMInt8Linear`), and for a plain
+    Llama the layers fused (`cpu_fused`: q/k/v and gate/up as one
     packed weight each, fewer small kernels). Returns (view, number of linears packed); the model is unchanged."""
     from lab_utils.engine.cpu_fused import fusable, fuse_layers
 
