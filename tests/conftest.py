@@ -22,3 +22,24 @@ def tiny64():
     from lab_utils import load_model
 
     return load_model("tiny-random", device="cpu", dtype=torch.float64)
+
+
+@pytest.fixture
+def tiny_cpu_engine_run():
+    """Run a small mixed workload (7 prompts of 2-7 tokens, 20 greedy tokens each, chunked prefills, 4 at a time)
+    through a fresh float32 tiny-random engine on the CPU; returns (engine, token ids per request) after checking
+    every KV block came back. For A/B tests of the CPU fast paths: call it, flip a switch, call it again."""
+    from lab_utils import EngineConfig, LLMEngine, SamplingParams, load_model
+
+    model, tok = load_model("tiny-random", device="cpu", dtype=torch.float32)
+    prompts = [[5 + i, 17, 99, 3 * i + 1, 40, 41, 42][: 2 + i % 6] for i in range(7)]
+    params = SamplingParams(max_tokens=20, ignore_eos=True)
+
+    def run():
+        eng = LLMEngine((model, tok), EngineConfig(max_num_seqs=4, num_gpu_blocks=64, block_size=4,
+                                                   max_num_batched_tokens=16), device="cpu")
+        out = [o.token_ids for o in eng.generate(prompts, params)]
+        eng.block_manager.check_all_free()
+        return eng, out
+
+    return run

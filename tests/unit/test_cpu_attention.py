@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lab_utils import EngineConfig, LLMEngine, SamplingParams, load_model
+from lab_utils import load_model
 from lab_utils.engine.attention import (
     AttentionMetadata,
     PagedAttention,
@@ -115,22 +115,11 @@ def test_mixed_step_equals_paged_attention(chunk):
 
 
 @needs_kernel
-def test_engine_tokens_equal_with_and_without_the_kernel(monkeypatch):
-    model, tok = load_model("tiny-random", device="cpu", dtype=torch.float32)
-    prompts = [[5 + i, 17, 99, 3 * i + 1, 40, 41, 42][: 2 + i % 6] for i in range(7)]
-    params = SamplingParams(max_tokens=20, ignore_eos=True)
-
-    def run():
-        eng = LLMEngine((model, tok), EngineConfig(max_num_seqs=4, num_gpu_blocks=64, block_size=4,
-                                                   max_num_batched_tokens=16), device="cpu")
-        out = [o.token_ids for o in eng.generate(prompts, params)]
-        eng.block_manager.check_all_free()
-        return eng, out
-
-    eng, with_kernel = run()
+def test_engine_tokens_equal_with_and_without_the_kernel(monkeypatch, tiny_cpu_engine_run):
+    eng, with_kernel = tiny_cpu_engine_run()
     assert eng.runner.cpu_decode_kernel
     monkeypatch.setenv("LAB_CPU_KERNELS", "0")
-    eng, without = run()
+    eng, without = tiny_cpu_engine_run()
     assert not eng.runner.cpu_decode_kernel
     assert "LAB_CPU_KERNELS=0" in cpu_kernels_status()
     assert with_kernel == without

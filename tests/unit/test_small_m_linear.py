@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from lab_utils import EngineConfig, LLMEngine, SamplingParams, load_model
+from lab_utils import load_model
 from lab_utils.engine.cpu_fused import FusedPackedLinear
 from lab_utils.engine.cpu_kernels import cpu_kernels, cpu_kernels_status
 from lab_utils.engine.cpu_linear import (
@@ -116,21 +116,12 @@ def test_view_is_rebuilt_when_the_small_m_switch_changes(monkeypatch):
 
 
 @needs_kernel
-def test_engine_tokens_equal_with_and_without_small_m(monkeypatch):
-    model, tok = load_model("tiny-random", device="cpu", dtype=torch.float32)
-    prompts = [[5 + i, 17, 99, 3 * i + 1, 40, 41, 42][: 2 + i % 6] for i in range(7)]
-    params = SamplingParams(max_tokens=20, ignore_eos=True)
-
-    def run():
-        eng = LLMEngine((model, tok), EngineConfig(max_num_seqs=4, num_gpu_blocks=64, block_size=4,
-                                                   max_num_batched_tokens=16), device="cpu")
-        out = [o.token_ids for o in eng.generate(prompts, params)]
-        eng.block_manager.check_all_free()
-        return out
-
-    with_kernel = run()
+def test_engine_tokens_equal_with_and_without_small_m(monkeypatch, tiny_cpu_engine_run):
+    _, with_kernel = tiny_cpu_engine_run()
     monkeypatch.setenv("LAB_CPU_SMALL_M_LINEAR", "0")
-    assert with_kernel == run()
+    eng, without = tiny_cpu_engine_run()
+    assert all(m.small_m_rows == 0 for m in eng.runner.model.modules() if hasattr(m, "small_m_rows"))
+    assert with_kernel == without
 
 
 # ----------------------------------------------------------------------------------------- weight-only INT8
