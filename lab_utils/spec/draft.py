@@ -45,6 +45,10 @@ class DraftModelProposer(Proposer):
                 from lab_utils.quant.linear import quantize_model
 
                 draft_model, _ = quantize_model(draft_model, spec_config.quantization, skip=())
+        elif getattr(spec_config, "quantization", None):  # never quantize (change) a model the caller owns
+            raise ValueError(f"SpecConfig.quantization={spec_config.quantization!r} applies to a draft loaded by "
+                             f"name (SpecConfig.model); quantize the draft_model you pass yourself "
+                             f"(lab_utils.quant.quantize_model) and leave quantization=None")
         from lab_utils.engine.cpu_linear import fast_linears
 
         self.model = fast_linears(draft_model.eval(), draft_model.device)  # packed view on a CPU (engine's GEMM)

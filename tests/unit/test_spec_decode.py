@@ -162,6 +162,11 @@ def test_spec_quantization_is_validated():
         SpecConfig("draft", 2, quantization="fp4")
     with pytest.raises(ValueError, match="method='draft' only"):
         SpecConfig("ngram", 2, quantization="int8")
+    from lab_utils import load_model
+
+    mine = load_model("tiny-random", device="cpu", dtype=torch.float32)[0]
+    with pytest.raises(ValueError, match="quantize the draft_model you pass yourself"):
+        DraftModelProposer(SpecConfig("draft", 2, quantization="int8"), mine, "cpu", draft_model=mine)
 
 
 @pytest.mark.parametrize("method", ["int8", "int4"])
