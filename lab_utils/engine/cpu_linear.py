@@ -27,7 +27,7 @@ import torch
 from torch import nn
 
 from lab_utils.engine.cpu_kernels import cpu_kernels
-from lab_utils.quant.linear import Int8Linear
+from lab_utils.quant.linear import Int8Linear, W8A8Linear
 
 
 def packed_linear_available(device: torch.device, dtype: torch.dtype) -> bool:
@@ -112,26 +112,29 @@ class PackedLinear(nn.Module):
 
 
 class SmallMInt8Linear(nn.Module):
-    """A weight-only INT8 linear (`lab_utils.quant.linear.Int8Linear`) whose few-row products run the compiled
-    INT8 small-M kernel (a quarter of the fp32 bytes to read); everything else runs its own forward."""
+    """A weight-only INT8 linear (`lab_utils.quant.linear.Int8Linear`) or a W8A8 one (`W8A8Linear`) whose few-row
+    products run the compiled INT8 (W8A8) small-M kernel (a quarter of the fp32 bytes to read); everything else
+    runs its own forward."""
 
     def __init__(self, linear: nn.Module) -> None:
         super().__init__()
         self.inner = linear  # shares qweight / scale / bias with the source model
         self.in_features, self.out_features = linear.in_features, linear.out_features
         self.small_m_rows = small_m_rows(self.in_features)
+        self.w8a8 = type(linear) is W8A8Linear
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if (x.dtype == torch.float32 and not x.requires_grad and x.numel() <= self.small_m_rows * self.in_features
                 and (kernels := small_m_kernel()) is not None):
             lin = self.inner
-            return kernels.small_m_linear_int8(x.contiguous(), [lin.qweight], lin.scale, lin.bias)
+            kernel = kernels.small_m_linear_w8a8 if self.w8a8 else kernels.small_m_linear_int8
+            return kernel(x.contiguous(), [lin.qweight], lin.scale, lin.bias)
         return self.inner(x)
 
 
 def pack_linears(model: nn.Module, fuse: bool = True) -> tuple[nn.Module, int]:
     """A copy of `model`'s module tree that shares its parameters and buffers, with every plain `nn.Linear`
-    replaced by a `PackedLinear` (and every weight-only `Int8Linear` by a `SmallMInt8Linear`), and for a plain
+    replaced by a `PackedLinear` (and every `Int8Linear` / `W8A8Linear` by a `SmallMInt8Linear`), and for a plain
     Llama the layers fused (`cpu_fused`: q/k/v and gate/up as one
     packed weight each, fewer small kernels). Returns (view, number of linears packed); the model is unchanged."""
     from lab_utils.engine.cpu_fused import fusable, fuse_layers
@@ -147,7 +150,7 @@ def pack_linears(model: nn.Module, fuse: bool = True) -> tuple[nn.Module, int]:
             if type(child) is nn.Linear and child.weight.dtype == torch.float32:
                 setattr(module, name, PackedLinear(child))
                 count += 1
-            elif type(child) is Int8Linear and child.scale.dtype == torch.float32:
+            elif type(child) in (Int8Linear, W8A8Linear) and child.scale.dtype == torch.float32:
                 setattr(module, name, SmallMInt8Linear(child))
                 count += 1
     if fused:

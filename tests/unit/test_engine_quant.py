@@ -27,7 +27,7 @@ def test_quantized_kv_cache_generates_and_holds_more_tokens(smollm2, kv):
     assert agree >= 0.5, f"{kv} KV agrees with fp32 KV on only {agree:.0%} of greedy tokens"
 
 
-@pytest.mark.parametrize("method", ["int8", "int4"])
+@pytest.mark.parametrize("method", ["int8", "int4", "w8a8"])
 def test_quantized_weights_generate_without_touching_the_callers_model(smollm2, method):
     model, _ = smollm2
     before = model.model.layers[0].mlp.up_proj.weight.clone()
@@ -38,8 +38,21 @@ def test_quantized_weights_generate_without_touching_the_callers_model(smollm2, 
     assert torch.equal(model.model.layers[0].mlp.up_proj.weight, before)
 
 
-def test_int8_weights_mostly_agree_with_fp32(smollm2):
+@pytest.mark.parametrize("method", ["int8", "w8a8"])
+def test_int8_weights_mostly_agree_with_fp32(smollm2, method):
     _, ref = _gen(smollm2)
-    _, got = _gen(smollm2, quantization="int8")
+    _, got = _gen(smollm2, quantization=method)
     agree = sum(a == b for r, g in zip(ref, got) for a, b in zip(r, g)) / sum(len(r) for r in ref)
-    assert agree >= 0.7, f"INT8 weights agree with fp32 on only {agree:.0%} of greedy tokens"
+    assert agree >= 0.7, f"{method} agrees with fp32 on only {agree:.0%} of greedy tokens"
+
+
+def test_w8a8_engine_tokens_equal_with_and_without_the_kernel(smollm2, monkeypatch):
+    """The W8A8 CPU kernel (integer dot products) and the W8A8 layers' own forward (dequantize, float matmul)
+    round x identically, so SmolLM2's greedy tokens are the same either way."""
+    _, on = _gen(smollm2, quantization="w8a8")
+    monkeypatch.setenv("LAB_CPU_SMALL_M_LINEAR", "0")
+    eng, off = _gen(smollm2, quantization="w8a8")
+    from lab_utils.engine.cpu_linear import SmallMInt8Linear
+
+    assert all(m.small_m_rows == 0 for m in eng.runner.model.modules() if isinstance(m, SmallMInt8Linear))
+    assert on == off

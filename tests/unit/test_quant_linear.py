@@ -9,7 +9,9 @@ from lab_utils.quant.formats import fake_quant_int, unpack_int4
 from lab_utils.quant.linear import (
     Int4Linear,
     Int8Linear,
+    W8A8Linear,
     bits_per_weight,
+    quantize_groups_int8,
     quantize_model,
     tensor_bytes,
 )
@@ -44,6 +46,44 @@ def test_int8_linear_matches_its_error_bound():
     assert bool(((y - y_ref).abs() <= bound * 1.001 + 1e-5).all())
     assert torch.allclose(q.dequantized_weight(), fake_quant_int(lin.weight.detach(), 8, True, "channel"), atol=1e-7)
     assert (y - y_ref).abs().max() < 0.02 * y_ref.abs().max()
+
+
+def test_activation_groups_round_to_int8_with_one_scale_per_32_inputs():
+    x = torch.randn(3, 96) * torch.tensor([100.0, 0.001, 1.0]).repeat_interleave(32)
+    x[1, 32:64] = 0
+    q, s = quantize_groups_int8(x)
+    assert q.dtype == torch.int8 and s.shape == (3, 3) and int(q.abs().max()) == 127
+    assert s[1, 1] == 1 and bool((q[1, 32:64] == 0).all())  # an all-zero group: scale 1, no division by 0
+    err = (q.float().view(3, 3, 32) * s.unsqueeze(-1)).view(3, 96) - x
+    assert bool((err.abs().view(3, 3, 32) <= s.unsqueeze(-1) / 2 * 1.001).all())  # half a step, per group
+    assert s[0, 1] < 1e-4, "a small group keeps its own fine scale (a per-token scale would be ~100/127)"
+    with pytest.raises(ValueError, match="divisible by 32"):
+        quantize_groups_int8(torch.randn(2, 48))
+
+
+def test_w8a8_linear_error_and_its_in_features_check():
+    lin = make_linear(bias=True)
+    q = W8A8Linear.from_linear(lin)
+    x = torch.randn(5, 7, 128)
+    with torch.no_grad():
+        y_ref, y8, y = lin(x), Int8Linear.from_linear(lin)(x), q(x)
+    assert torch.equal(q.qweight, Int8Linear.from_linear(lin).qweight)  # the same stored weights as INT8
+    assert (y - y_ref).abs().max() < 0.03 * y_ref.abs().max()
+    assert (y - y8).abs().max() > 0, "activations were not quantized"
+    with pytest.raises(ValueError, match="w8a8 needs in_features divisible by 32"):
+        W8A8Linear.from_linear(nn.Linear(48, 8))
+    assert bits_per_weight("w8a8", in_features=128) == bits_per_weight("int8", in_features=128)
+
+
+def test_quantize_model_w8a8(tiny_model):
+    ids = torch.randint(0, tiny_model.config.vocab_size, (1, 10))
+    with torch.no_grad():
+        ref = tiny_model(ids)
+    model, saved = quantize_model(tiny_model, "w8a8")
+    assert sum(isinstance(m, W8A8Linear) for m in model.modules()) == 14 and saved > 0
+    with torch.no_grad():
+        out = model(ids)
+    assert (out - ref).abs().max() < 0.05 * ref.abs().max()
 
 
 @pytest.mark.parametrize("symmetric", [True, False])

@@ -181,12 +181,72 @@ def test_fusable_for_all_fp32_or_all_int8_projections_only():
     import copy
 
     from lab_utils.engine.cpu_fused import fusable
-    from lab_utils.quant.linear import Int8Linear, quantize_model
+    from lab_utils.quant.linear import Int8Linear, W8A8Linear, quantize_model
 
     model, _ = load_model("tiny-random", device="cpu", dtype=torch.float32)
     assert fusable(model)
     assert fusable(quantize_model(copy.deepcopy(model), "int8")[0])
+    assert fusable(quantize_model(copy.deepcopy(model), "w8a8")[0])
     assert not fusable(quantize_model(copy.deepcopy(model), "int4", group_size=16)[0])  # INT4 keeps its own layers
-    mixed = copy.deepcopy(model)
-    mixed.model.layers[0].self_attn.q_proj = Int8Linear.from_linear(mixed.model.layers[0].self_attn.q_proj)
-    assert not fusable(mixed)
+    for kind in (Int8Linear, W8A8Linear):  # one layer of another kind: the layers would not be one kind of maths
+        mixed = copy.deepcopy(model if kind is Int8Linear else quantize_model(copy.deepcopy(model), "int8")[0])
+        attn = mixed.model.layers[0].self_attn
+        attn.q_proj = kind.from_linear(attn.q_proj if kind is Int8Linear else nn.Linear(64, 64, bias=False))
+        assert not fusable(mixed)
+
+
+# ----------------------------------------------------------------------------------------- W8A8
+@needs_kernel
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 6, 7, 8, 9, 16, 33, 64])
+def test_w8a8_kernel_equals_w8a8_linear(rows):
+    """Every tile shape (8/4/3/2 weight rows a block for 1/2/3/4+ rows of x, the rows left), weights side by side
+    with a remainder row, bias; activations large and small per group (one scale per 32 inputs) and an all-zero
+    group. The kernel rounds x exactly as `quantize_groups_int8` does, so only the summation order differs."""
+    from lab_utils.quant.linear import W8A8Linear
+
+    g = torch.Generator().manual_seed(rows)
+    x = torch.randn(rows, 96, generator=g) * torch.tensor([10.0, 0.01, 1.0]).repeat_interleave(32)
+    x[0, 32:64] = 0
+    lins = [nn.Linear(96, n, bias=True) for n in (17, 8, 3)]
+    qs = [W8A8Linear.from_linear(lin) for lin in lins]
+    want = torch.cat([q(x) for q in qs], dim=-1)
+    scale, bias = torch.cat([q.scale for q in qs]), torch.cat([q.bias for q in qs])
+    got = cpu_kernels().small_m_linear_w8a8(x, [q.qweight for q in qs], scale, bias)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-4)
+    got = cpu_kernels().small_m_linear_w8a8(x, [q.qweight for q in qs], scale)
+    torch.testing.assert_close(got, want - bias, rtol=1e-5, atol=1e-4)
+
+
+@needs_kernel
+def test_w8a8_kernel_rejects_bad_input_by_name():
+    kern = cpu_kernels()
+    q = torch.zeros(4, 48, dtype=torch.int8)
+    with pytest.raises(RuntimeError, match="divisible by 32"):
+        kern.small_m_linear_w8a8(torch.zeros(2, 48), [q], torch.ones(4))
+    q = torch.zeros(4, 64, dtype=torch.int8)
+    with pytest.raises(RuntimeError, match="contiguous int8"):
+        kern.small_m_linear_w8a8(torch.zeros(2, 64), [q.float()], torch.ones(4))
+    with pytest.raises(RuntimeError, match="scale must be"):
+        kern.small_m_linear_w8a8(torch.zeros(2, 64), [q], torch.ones(3))
+
+
+@needs_kernel
+@pytest.mark.parametrize("rows", [1, 5, SMALL_M_MAX_ROWS + 1])
+def test_packed_view_runs_w8a8_linears_through_the_kernel(rows):
+    """A W8A8 model's packed view: fused q/k/v and gate/up on the W8A8 kernel, its other linears wrapped; same
+    outputs as the W8A8 model itself (its reference forward: dequantize x, then a float matmul)."""
+    import copy
+
+    from lab_utils.engine.cpu_fused import FusedInt8Linear
+    from lab_utils.engine.cpu_linear import SmallMInt8Linear, pack_linears
+    from lab_utils.quant.linear import quantize_model
+
+    model, _ = load_model("tiny-random", device="cpu", dtype=torch.float32)
+    q_model, _ = quantize_model(copy.deepcopy(model), "w8a8", skip=())
+    view, _ = pack_linears(q_model)
+    fused = [m for m in view.modules() if isinstance(m, FusedInt8Linear)]
+    wrapped = [m for m in view.modules() if isinstance(m, SmallMInt8Linear)]
+    assert len(fused) == 2 * len(q_model.model.layers) and all(m.w8a8 for m in fused + wrapped)
+    ids = torch.randint(5, 1000, (1, rows))
+    with torch.inference_mode():
+        torch.testing.assert_close(view(ids), q_model(ids), rtol=1e-4, atol=1e-4)

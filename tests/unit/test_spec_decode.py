@@ -169,12 +169,12 @@ def test_spec_quantization_is_validated():
         DraftModelProposer(SpecConfig("draft", 2, quantization="int8"), mine, "cpu", draft_model=mine)
 
 
-@pytest.mark.parametrize("method", ["int8", "int4"])
+@pytest.mark.parametrize("method", ["int8", "int4", "w8a8"])
 def test_quantized_self_draft_is_token_identical(method):
     """The target's own weights, quantized, as its draft (SpecConfig(model=<the target>, quantization=...)):
     outputs stay exactly the target's, and the draft agrees with it most of the time."""
     from lab_utils import load_model
-    from lab_utils.quant.linear import Int4Linear, Int8Linear
+    from lab_utils.quant.linear import Int4Linear, Int8Linear, W8A8Linear
 
     target = load_model("tiny-random", device="cpu", dtype=torch.float32)
     prompts = _prompts(4)
@@ -182,7 +182,7 @@ def test_quantized_self_draft_is_token_identical(method):
     spec = SpecConfig("draft", 3, model="tiny-random", quantization=method)
     eng, outs = _generate(target, prompts, spec, block_size=4, num_gpu_blocks=400)
     assert [o.token_ids for o in outs] == [o.token_ids for o in base]
-    kind = Int8Linear if method == "int8" else Int4Linear
+    kind = {"int8": Int8Linear, "int4": Int4Linear, "w8a8": W8A8Linear}[method]
     draft_modules = list(eng.spec.proposer.model.modules())
     assert any(isinstance(m, kind) for m in draft_modules), "the draft was not quantized"
     assert eng.stats()["spec_acceptance_rate"] > 0.5

@@ -12,6 +12,8 @@ at::Tensor small_m_linear(const at::Tensor& x, const std::vector<at::Tensor>& we
                           const c10::optional<at::Tensor>& bias);
 at::Tensor small_m_linear_int8(const at::Tensor& x, const std::vector<at::Tensor>& qweights, const at::Tensor& scale,
                                const c10::optional<at::Tensor>& bias);
+at::Tensor small_m_linear_w8a8(const at::Tensor& x, const std::vector<at::Tensor>& qweights, const at::Tensor& scale,
+                               const c10::optional<at::Tensor>& bias);
 bool small_m_vectorized();
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -25,6 +27,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("weights"), py::arg("bias") = py::none());
   m.def("small_m_linear_int8", &small_m_linear_int8,
         "(x @ cat(qweights).T) * scale (+ bias) for a few rows of x, int8 weights read once (weight-only INT8)",
+        py::arg("x"), py::arg("qweights"), py::arg("scale"), py::arg("bias") = py::none());
+  m.def("small_m_linear_w8a8", &small_m_linear_w8a8,
+        "the same with x rounded to int8 per 32 inputs of a row first, integer dot products (W8A8Linear)",
         py::arg("x"), py::arg("qweights"), py::arg("scale"), py::arg("bias") = py::none());
   m.attr("small_m_vectorized") = small_m_vectorized();  // false: built without AVX2 + FMA, the engine keeps oneDNN
 }
