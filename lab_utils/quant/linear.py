@@ -229,5 +229,5 @@ def bits_per_weight(method: str, group_size: int = 64, symmetric: bool = True, i
     raise ValueError(f"method={method!r}; allowed: {', '.join(METHODS)}")
 
 
-__all__ = ["Int4Linear", "Int8Linear", "W8A8Linear", "bits_per_weight", "linear_targets", "qrange", "quantize_model",
-           "quantize_groups_int8", "tensor_bytes"]
+__all__ = ["Int4Linear", "Int8Linear", "W8A8Linear", "bits_per_weight", "linear_targets", "qrange",
+           "quantize_groups_int8", "quantize_model", "tensor_bytes"]
