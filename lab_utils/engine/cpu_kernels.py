@@ -9,7 +9,8 @@ few plain C++ loops that replace them (the same idea as vLLM's CPU backend kerne
 - `layer_ops.cpp`: RMSNorm, residual add + RMSNorm, silu(gate) * up, one pass each (`cpu_fused`);
 - `small_m_linear.cpp`: the linears of a decode step (a few rows), each weight row read once (`cpu_linear`):
   with so few rows the GEMM is bound by reading the weights, and oneDNN's general kernel reads them slower;
-  its INT8 variant serves weight-only INT8 linears (`quantization="int8"`, a quantized draft).
+  its INT8 variant serves weight-only INT8 linears (`quantization="int8"`, a quantized draft), its W8A8 variant
+  INT8 weights with INT8 activations (`"w8a8"`: byte dot products, no widening of the weights to float).
 
 They are compiled on first use by `torch.utils.cpp_extension` (g++ and ninja; ~30-40 s once, then cached in
 `cache_dir()/torch_extensions`). Where that fails (no compiler) the engine warns once and keeps the PyTorch
