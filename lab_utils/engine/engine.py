@@ -65,7 +65,7 @@ class LLMEngine:
             from lab_utils.spec.engine_hook import SpecDecoder
 
             self.spec = SpecDecoder(config.speculative, self.runner.model, self.device, self.block_manager,
-                                    self.max_model_len)  # the runner's model: its packed lm head on a CPU
+                                    self.max_model_len, self.kv_cache)  # the runner's model: packed lm head on CPU
         self.eos_ids = self._eos_ids()
         self.requests: dict[str, Request] = {}
         self._pending_outputs: list[RequestOutput] = []

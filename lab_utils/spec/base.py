@@ -19,6 +19,7 @@ Proposers that do not set `needs_hidden` get `hidden=None`.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -38,6 +39,11 @@ class Proposer(ABC):
     # the engine sets this to the id of the request being served right before each propose() call, so a
     # stateful proposer (the draft model's KV cache) can keep per-request state without a wider signature
     request_id: str | None = None
+    # proposers that set `shares_target_kv` (a draft that *is* the target, e.g. quantized) also get, before each
+    # propose(), `target_kv = (n, read)`: the target's cache holds the request's first n tokens, and
+    # read(start, end) returns their keys/values [(K, V) per layer, each [end - start, kv_heads, head_dim]]
+    shares_target_kv: bool = False
+    target_kv: tuple[int, Callable[[int, int], list[tuple[torch.Tensor, torch.Tensor]]]] | None = None
 
     @abstractmethod
     def propose(self, token_ids: list[int], k: int, hidden: torch.Tensor | None = None,

@@ -4,6 +4,11 @@ The draft keeps its own contiguous KV cache per request (`SimpleKVCache`, lab 00
 be told about rejections: each call compares the cached tokens with the request's current tokens and rewinds
 the cache to their common prefix (its length counter drops; stale slots are overwritten later), then feeds
 only the tokens it has not seen. In steady state that is 1-2 tokens of catch-up plus k-1 one-token steps.
+
+A self-draft (the target's own weights, usually quantized: `SpecConfig(model=<the target>, quantization=...)`)
+does not prefill the prompt itself: its layers compute the same keys and values as the target's, so it copies
+them from the target's paged cache (`shares_target_kv`, `Proposer.target_kv`). Prefill is bound by arithmetic,
+and a self-draft has all of the target's, so prefilling with it would cost as much as the target's own prefill.
 """
 from __future__ import annotations
 
@@ -13,12 +18,33 @@ from lab_utils.models.kv_cache_simple import SimpleKVCache
 from lab_utils.spec.base import Proposal, Proposer
 
 DEFAULT_DRAFT = "smollm2-draft"  # data/models/smollm2-draft
+ADOPT_MIN_TOKENS = 8  # copy the target's K/V when at least this many tokens are missing (a prompt, a resume)
 
 
 class _DraftState:
     def __init__(self, model, max_len: int) -> None:
         self.cache = SimpleKVCache.for_model(model, batch=1, max_len=max_len)
         self.tokens: list[int] = []  # tokens whose K/V are in the cache (first cache.length of them)
+
+
+def same_weights(draft, target) -> bool:
+    """Whether `draft` is the target's model (same shapes and the same weights where we look: embedding, first
+    and last layer), so its K/V for a token are the target's (up to the draft's quantization)."""
+    if target is None:
+        return False
+    fields = ("num_hidden_layers", "hidden_size", "num_key_value_heads", "head_dim", "rope_theta", "vocab_size")
+    if any(getattr(draft.config, f, None) != getattr(target.config, f, None) for f in fields):
+        return False
+
+    def probes(m):
+        layers = m.model.layers
+        return [m.model.embed_tokens.weight, getattr(layers[0].self_attn.q_proj, "weight", None),
+                getattr(layers[-1].mlp.down_proj, "weight", None)]
+
+    for a, b in zip(probes(draft), probes(target)):
+        if a is None or b is None or a.shape != b.shape or not torch.equal(a.to(b.device, b.dtype), b):
+            return False
+    return True
 
 
 def _common_prefix(a: list[int], b: list[int]) -> int:
@@ -41,6 +67,7 @@ class DraftModelProposer(Proposer):
                                  f"not exist; train it (scripts/train_draft.py) or set model=<a model sharing the "
                                  f"target's tokenizer>")
             draft_model, _ = load_model(name, device=device, dtype=getattr(target_model, "dtype", None))
+            self.shares_target_kv = same_weights(draft_model, target_model)  # (checked before quantizing)
             if getattr(spec_config, "quantization", None):  # our own fresh copy: quantize it in place
                 from lab_utils.quant.linear import quantize_model
 
@@ -49,6 +76,9 @@ class DraftModelProposer(Proposer):
             raise ValueError(f"SpecConfig.quantization={spec_config.quantization!r} applies to a draft loaded by "
                              f"name (SpecConfig.model); quantize the draft_model you pass yourself "
                              f"(lab_utils.quant.quantize_model) and leave quantization=None")
+        else:
+            self.shares_target_kv = same_weights(draft_model, target_model)
+        self.num_adopted_tokens = 0  # tokens whose K/V were copied from the target instead of computed
         from lab_utils.engine.cpu_linear import fast_linears
 
         self.model = fast_linears(draft_model.eval(), draft_model.device)  # packed view on a CPU (engine's GEMM)
@@ -76,6 +106,8 @@ class DraftModelProposer(Proposer):
         st = self._state(len(token_ids) + k)
         keep = min(_common_prefix(st.tokens, token_ids), len(token_ids) - 1)  # at least one token to feed
         st.cache.length, st.tokens = keep, list(token_ids[:keep])
+        if self.shares_target_kv and self.target_kv is not None:
+            keep = self._adopt_target_kv(st, token_ids, keep)
         feed = list(token_ids[keep:])
         out, dists = [], []
         device = st.cache.k[0].device
@@ -91,6 +123,20 @@ class DraftModelProposer(Proposer):
             out.append(tok)
             feed = [tok]
         return Proposal(out, torch.stack(dists) if dists else None)
+
+    def _adopt_target_kv(self, st: _DraftState, token_ids: list[int], keep: int) -> int:
+        """Copy the target's K/V for the tokens the draft is missing (up to the last one, which is fed to get
+        logits) into the draft's cache, when there are enough of them to be worth it. Returns the new length."""
+        n_target, read = self.target_kv
+        end = min(n_target, len(token_ids) - 1)
+        if end - keep < ADOPT_MIN_TOKENS:
+            return keep
+        for layer, (k, v) in enumerate(read(keep, end)):
+            st.cache.k[layer][0, keep:end] = k
+            st.cache.v[layer][0, keep:end] = v
+        st.cache.length, st.tokens = end, list(token_ids[:end])
+        self.num_adopted_tokens += end - keep
+        return end
 
     def release(self, request_id: str) -> None:
         self.states.pop(request_id, None)

@@ -68,10 +68,10 @@ def target_probs(logits: torch.Tensor, params) -> torch.Tensor:
 
 
 class SpecDecoder:
-    def __init__(self, spec_config, model, device, block_manager, max_model_len: int) -> None:
+    def __init__(self, spec_config, model, device, block_manager, max_model_len: int, kv_cache=None) -> None:
         self.config, self.k = spec_config, spec_config.num_speculative_tokens
         self.proposer = make_proposer(spec_config, model, device)
-        self.bm, self.max_model_len = block_manager, max_model_len
+        self.bm, self.max_model_len, self.kv_cache = block_manager, max_model_len, kv_cache
         self.stats = SpecStats(self.k)
         self.hidden: dict[str, torch.Tensor] = {}  # per request: rows promised by the `hidden` contract (base.py)
 
@@ -98,10 +98,20 @@ class SpecDecoder:
         hidden = self.hidden.get(req.request_id) if p.needs_hidden else None
         if p.needs_hidden and hidden is None:
             return Proposal([])  # e.g. right after a swap-in: one plain step brings the hidden state back
+        if p.shares_target_kv and self.kv_cache is not None:
+            p.target_kv = (req.num_computed_tokens, lambda start, end: self._target_kv(req, start, end))
         prop = p.propose(list(req.token_ids), k, hidden=hidden, temperature=req.params.temperature)
         if len(prop.token_ids) > k:
             prop = Proposal(prop.token_ids[:k], None if prop.probs is None else prop.probs[:k])
         return prop
+
+    def _target_kv(self, req: Request, start: int, end: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """The target's K/V of the request's tokens start..end-1, read from the paged cache (any KV dtype)."""
+        cache, bs = self.kv_cache, self.kv_cache.block_size
+        pos = torch.arange(start, end)
+        table = torch.tensor(req.block_table)
+        slots = (table[pos // bs] * bs + pos % bs).to(cache.k.device)
+        return [cache.read(layer, slots) for layer in range(cache.num_layers)]
 
     def verify(self, plans: dict[str, Proposal], logits: torch.Tensor, hidden: torch.Tensor | None,
                to_sample: list[Request], rows: list[int]) -> list[list[int]]:

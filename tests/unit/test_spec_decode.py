@@ -272,3 +272,49 @@ class _FakeVocab:
 
         self.config = copy.copy(model.config)
         self.config.vocab_size += 1
+
+
+# ------------------------------------------------------------------ a self-draft copies the target's prompt K/V
+def test_self_draft_copies_the_targets_kv_instead_of_prefilling(tiny64, other_draft):
+    """A draft with the target's weights (here: loaded by name, as SpecConfig(model=<the target>) does) takes the
+    prompt's K/V from the target's paged cache instead of running its own prefill; a different draft does not.
+    Output stays the target's, and the guesses are as good (a float64 self-draft is accepted every time)."""
+    from lab_utils.spec.draft import ADOPT_MIN_TOKENS, same_weights
+
+    prompts = [p for p in _prompts(8, seed=5) if len(p) > ADOPT_MIN_TOKENS + 1][:4]
+    assert prompts
+    _, base = _generate(tiny64, prompts, block_size=4, num_gpu_blocks=400)
+    eng, outs = _generate(tiny64, prompts, _draft(3), block_size=4, num_gpu_blocks=400)
+    proposer = eng.spec.proposer
+    assert proposer.shares_target_kv and same_weights(proposer.model, tiny64[0])
+    assert proposer.num_adopted_tokens >= sum(len(p) - 1 for p in prompts)  # every prompt but its last token
+    assert [o.token_ids for o in outs] == [o.token_ids for o in base]
+    assert eng.stats()["spec_acceptance_rate"] == 1.0
+    assert not same_weights(other_draft, tiny64[0])
+    eng, outs = _generate(tiny64, prompts, _draft(3), draft=other_draft, block_size=4, num_gpu_blocks=400)
+    assert not eng.spec.proposer.shares_target_kv and eng.spec.proposer.num_adopted_tokens == 0
+    assert [o.token_ids for o in outs] == [o.token_ids for o in base]
+
+
+def test_adopted_kv_gives_the_same_guesses_as_a_draft_prefill(tiny64):
+    """The proposer alone: K/V copied from the target's cache (a SimpleKVCache filled by the target) equal what
+    the draft's own prefill computes, so the guesses are the same."""
+    from lab_utils.models.kv_cache_simple import SimpleKVCache
+
+    model = tiny64[0]
+    ids = _prompts(1, seed=9)[0] * 3
+    target_cache = SimpleKVCache.for_model(model, 1, 256)
+    with torch.inference_mode():
+        target_cache.forward(model, torch.tensor([ids[:-1]]))
+
+    def read(start, end):
+        return [(k[0, start:end], v[0, start:end]) for k, v in zip(target_cache.k, target_cache.v)]
+
+    guesses = {}
+    for adopt in (False, True):
+        p = DraftModelProposer(_draft(4), model, "cpu", draft_model=model)
+        p.request_id = "r"
+        p.target_kv = (len(ids) - 1, read) if adopt else None
+        guesses[adopt] = p.propose(ids, 4).token_ids
+        assert p.num_adopted_tokens == (len(ids) - 1 if adopt else 0)
+    assert guesses[True] == guesses[False]
