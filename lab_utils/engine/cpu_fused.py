@@ -169,8 +169,9 @@ def _projection_kind(lin: nn.Module | None) -> str | None:
 
 def fusable(model: nn.Module) -> bool:
     """Plain float32 Llama models only, whose projections are all plain float32 linears, all weight-only INT8
-    (`quantize_model(..., "int8")`) or all W8A8 (`"w8a8"`), the same maths per linear: subclasses may change the layer maths, other dtypes
-    keep their norms, and other swapped projections (INT4, tensor-parallel shards) keep their own."""
+    (`quantize_model(..., "int8")`) or all W8A8 (`"w8a8"`), the same maths per linear: subclasses may change the
+    layer maths, other dtypes keep their norms, and other swapped projections (INT4, tensor-parallel shards) keep
+    their own."""
     if type(model) is not LlamaForCausalLM or model.dtype != torch.float32:
         return False
     kinds = set()

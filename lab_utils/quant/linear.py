@@ -192,10 +192,11 @@ def _set_module(model: nn.Module, name: str, new: nn.Module) -> None:
 @torch.no_grad()
 def quantize_model(model: nn.Module, method: str = "int8", group_size: int = 64, symmetric: bool = True,
                    skip: tuple[str, ...] = ("lm_head",)) -> tuple[nn.Module, int]:
-    """Replace the model's linear layers by weight-only quantized ones, in place.
+    """Replace the model's linear layers by quantized ones, in place.
 
-    method: "int8" (per output channel), "w8a8" (the same weights, activations rounded to INT8 per token) or
-    "int4" (group-wise, `group_size` inputs per scale, packed).
+    method: "int8" (weight-only, per output channel), "w8a8" (the same weights; activations rounded to INT8 on
+    the fly, one scale per 32 inputs of each token) or "int4" (weight-only, group-wise, `group_size` inputs per
+    scale, packed).
     Embeddings, norms and the (tied) lm_head stay in their dtype. Returns (model, bytes saved).
     """
     if method not in METHODS:
@@ -221,7 +222,8 @@ def quantize_model(model: nn.Module, method: str = "int8", group_size: int = 64,
 
 def bits_per_weight(method: str, group_size: int = 64, symmetric: bool = True, in_features: int = 576,
                     scale_bits: int = 16) -> float:
-    """Average storage per weight, scales included: int8 (and w8a8) → 8 + 32/in; int4 → 4 + 16/G (+ 8/G with zero-points)."""
+    """Average storage per weight, scales included: int8 (and w8a8) → 8 + 32/in; int4 → 4 + 16/G (+ 8/G with
+    zero-points)."""
     if method in ("int8", "w8a8"):
         return 8 + 32 / in_features
     if method == "int4":

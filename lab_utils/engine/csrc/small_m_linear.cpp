@@ -19,7 +19,9 @@
 // 32 inputs of a row (absmax / 127), and each 32 weights cost one byte dot product instead of four widen-convert-FMA
 // sequences: |x| (u8) times the weight with x's sign (vpsignb) summed in pairs (vpmaddubsw; |x|, |w| <= 127 keeps
 // each pair <= 32258, no int16 saturation), then in fours (vpmaddwd), then converted and scaled by the group's
-// scale (one FMA). The weight-only INT8 kernel is bound by that widening (~11 GB/s on one core); this one by memory.
+// scale (one FMA). Weights must lie in [-127, 127] (symmetric INT8, as Int8Linear stores them: vpsignb cannot negate
+// -128). The weight-only INT8 kernel is bound by the widening (~11 GB/s on one core of the 2-core VM); this one
+// reads ~14 GB/s there (a plain streaming read: ~20).
 //
 // The AVX2 + FMA path is compiled where the build has them (x86-64 with -mavx2 -mfma, cpu_kernels.py's flags); on
 // other CPUs (ARM, old x86) a plain loop computes the same products so the module still builds, and
@@ -334,9 +336,6 @@ at::Tensor small_m_linear(const at::Tensor& x, const std::vector<at::Tensor>& we
   return run<float>(x, weights, nullptr, checked_vector(bias, N, "bias"), N);
 }
 
-// the same for weight-only INT8 linears (lab_utils/quant/linear.py's Int8Linear): qweights int8 [N_i, K] each,
-// one float32 scale per output row (scale [sum N_i]) -> y = (x @ cat(qweights).T) * scale (+ bias). A quarter of
-// the fp32 bytes to read.
 namespace {
 int64_t checked_int8_outputs(const at::Tensor& x, const std::vector<at::Tensor>& qweights, const char* name) {
   TORCH_CHECK(!qweights.empty(), name, " needs at least one weight");
@@ -351,6 +350,9 @@ int64_t checked_int8_outputs(const at::Tensor& x, const std::vector<at::Tensor>&
 }
 }  // namespace
 
+// the same for weight-only INT8 linears (lab_utils/quant/linear.py's Int8Linear): qweights int8 [N_i, K] each,
+// one float32 scale per output row (scale [sum N_i]) -> y = (x @ cat(qweights).T) * scale (+ bias). A quarter of
+// the fp32 bytes to read.
 at::Tensor small_m_linear_int8(const at::Tensor& x, const std::vector<at::Tensor>& qweights, const at::Tensor& scale,
                                const c10::optional<at::Tensor>& bias) {
   check_x(x);
