@@ -7,7 +7,8 @@ What a decode step multiplies: 30 layers' q/k/v (fused, 576 -> 960), o (576 -> 5
 576 -> 3072), down (1536 -> 576) and the lm head (576 -> 49152), each layer with its own random weights, so the
 540 MB come from memory as in a real step (one layer's weights reused would sit in cache and flatter every
 kernel). For each row count: best of 5 passes over all of them with `csrc/small_m_linear.cpp`
-(`cpu_kernels().small_m_linear`; and its INT8 variant on weight-only INT8 copies, a quarter of the bytes),
+(`cpu_kernels().small_m_linear`; its INT8 variant on weight-only INT8 copies, a quarter of the bytes; and its
+W8A8 variant on the same INT8 weights with x rounded to INT8 per 32 inputs, byte dot products),
 oneDNN's packed GEMM (`torch.ops.mkldnn._linear_pointwise` on weights
 reordered once) and MKL (`F.linear`). These figures set `SMALL_M_MAX_ROWS` and `MKL_MIN_ROWS_PER_THREAD` in
 `lab_utils/engine/cpu_linear.py`. Writes `benchmarks/results/small_m_gemm-<date>-<threads>threads.json`.
@@ -78,6 +79,7 @@ def main(argv=None) -> int:
         "onednn": lambda x, w, p: torch.ops.mkldnn._linear_pointwise(x, p[0], None, "none", [], ""),
         "mkl": lambda x, w, p: F.linear(x, w),
         "small_m_int8": lambda x, w, p: kernels.small_m_linear_int8(x, [p[1].qweight], p[1].scale),
+        "small_m_w8a8": lambda x, w, p: kernels.small_m_linear_w8a8(x, [p[1].qweight], p[1].scale),
     }
     rows_out = []
     for rows in args.rows:
@@ -89,7 +91,8 @@ def main(argv=None) -> int:
         rows_out.append(row)
         print(f"rows {rows:4d}: small-M {ms['small_m']:7.1f} ms ({row['small_m_GBps']:5.1f} GB/s, "
               f"{row['small_m_GFLOPs']:6.1f} GFLOP/s)  oneDNN {ms['onednn']:7.1f}  MKL {ms['mkl']:7.1f}  "
-              f"oneDNN / small-M {row['onednn_over_small_m']:.2f}  INT8 small-M {ms['small_m_int8']:7.1f}", flush=True)
+              f"oneDNN / small-M {row['onednn_over_small_m']:.2f}  INT8 small-M {ms['small_m_int8']:7.1f}  "
+              f"W8A8 small-M {ms['small_m_w8a8']:7.1f}", flush=True)
     date = datetime.now(timezone.utc)
     out = Path(args.out or ROOT / "benchmarks" / "results" / f"small_m_gemm-{date:%Y%m%d}-{threads}threads.json")
     out.write_text(json.dumps({"benchmark": "small_m_gemm", "date": f"{date:%Y-%m-%d %H:%M} UTC",

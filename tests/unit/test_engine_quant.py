@@ -46,13 +46,15 @@ def test_int8_weights_mostly_agree_with_fp32(smollm2, method):
     assert agree >= 0.7, f"{method} agrees with fp32 on only {agree:.0%} of greedy tokens"
 
 
-def test_w8a8_engine_tokens_equal_with_and_without_the_kernel(smollm2, monkeypatch):
+def test_w8a8_engine_tokens_agree_with_and_without_the_kernel(smollm2, monkeypatch):
     """The W8A8 CPU kernel (integer dot products) and the W8A8 layers' own forward (dequantize, float matmul)
-    round x identically, so SmolLM2's greedy tokens are the same either way."""
+    round the same x identically; their sums differ in the last bit, which can move a later activation across a
+    rounding boundary (one INT8 step), so greedy tokens agree except at near-ties (here: all 36, measured)."""
     _, on = _gen(smollm2, quantization="w8a8")
     monkeypatch.setenv("LAB_CPU_SMALL_M_LINEAR", "0")
     eng, off = _gen(smollm2, quantization="w8a8")
     from lab_utils.engine.cpu_linear import SmallMInt8Linear
 
     assert all(m.small_m_rows == 0 for m in eng.runner.model.modules() if isinstance(m, SmallMInt8Linear))
-    assert on == off
+    agree = sum(a == b for r, g in zip(on, off) for a, b in zip(r, g)) / sum(len(r) for r in on)
+    assert agree >= 0.9, f"the W8A8 kernel and the reference path agree on only {agree:.0%} of greedy tokens"
