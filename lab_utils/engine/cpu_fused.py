@@ -29,7 +29,12 @@ import torch.nn.functional as F
 from torch import nn
 
 from lab_utils.engine.cpu_kernels import cpu_kernels
-from lab_utils.engine.cpu_linear import PackedLinear, small_m_kernel, small_m_rows
+from lab_utils.engine.cpu_linear import (
+    PackedLinear,
+    int8_small_m_kernel,
+    small_m_kernel,
+    small_m_rows,
+)
 from lab_utils.models.llama import (
     AttentionFn,
     LlamaDecoderLayer,
@@ -81,11 +86,10 @@ class FusedInt8Linear(nn.Module):
         self.w8a8 = type(linears[0]) is W8A8Linear  # (`fusable` makes them all one kind)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if (x.dtype == torch.float32 and not x.requires_grad and x.numel() <= self.small_m_rows * self.in_features
-                and (kernels := small_m_kernel()) is not None):
-            kernel = kernels.small_m_linear_w8a8 if self.w8a8 else kernels.small_m_linear_int8
-            return kernel(x.contiguous(), self.qweights, self.scale)
-        return torch.cat([lin(x) for lin in self.linears], dim=-1)
+        kernel = int8_small_m_kernel(x, self.small_m_rows * self.in_features, self.w8a8)
+        if kernel is None:
+            return torch.cat([lin(x) for lin in self.linears], dim=-1)
+        return kernel(x.contiguous(), self.qweights, self.scale)
 
 
 class FusedLlamaDecoderLayer(LlamaDecoderLayer):

@@ -73,6 +73,14 @@ def small_m_kernel():
     return kernels if kernels is not None and kernels.small_m_vectorized else None
 
 
+def int8_small_m_kernel(x: torch.Tensor, max_numel: int, w8a8: bool):
+    """The compiled INT8 kernel (W8A8 if `w8a8`) for `x` where it applies (float32 inference, at most `max_numel`
+    elements: the small-M rows, an AVX2 build), else None: the INT8 layers' own forward then."""
+    if x.dtype != torch.float32 or x.requires_grad or x.numel() > max_numel or (kernels := small_m_kernel()) is None:
+        return None
+    return kernels.small_m_linear_w8a8 if w8a8 else kernels.small_m_linear_int8
+
+
 class PackedLinear(nn.Module):
     """An `nn.Linear` (no bias or with bias) whose weight is reordered once for oneDNN; a few rows go to the
     compiled small-M kernel where it is built (`SMALL_M_MAX_ROWS`), the row counts where MKL is faster (a large
@@ -124,12 +132,11 @@ class SmallMInt8Linear(nn.Module):
         self.w8a8 = type(linear) is W8A8Linear
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if (x.dtype == torch.float32 and not x.requires_grad and x.numel() <= self.small_m_rows * self.in_features
-                and (kernels := small_m_kernel()) is not None):
-            lin = self.inner
-            kernel = kernels.small_m_linear_w8a8 if self.w8a8 else kernels.small_m_linear_int8
-            return kernel(x.contiguous(), [lin.qweight], lin.scale, lin.bias)
-        return self.inner(x)
+        kernel = int8_small_m_kernel(x, self.small_m_rows * self.in_features, self.w8a8)
+        if kernel is None:
+            return self.inner(x)
+        lin = self.inner
+        return kernel(x.contiguous(), [lin.qweight], lin.scale, lin.bias)
 
 
 def pack_linears(model: nn.Module, fuse: bool = True) -> tuple[nn.Module, int]:
