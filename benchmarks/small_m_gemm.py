@@ -11,7 +11,7 @@ kernel). For each row count: best of 5 passes over all of them with `csrc/small_
 W8A8 variant on the same INT8 weights with x rounded to INT8 per 32 inputs, byte dot products),
 oneDNN's packed GEMM (`torch.ops.mkldnn._linear_pointwise` on weights
 reordered once) and MKL (`F.linear`). These figures set `SMALL_M_MAX_ROWS` and `MKL_MIN_ROWS_PER_THREAD` in
-`lab_utils/engine/cpu_linear.py`. Writes `benchmarks/results/small_m_gemm-<date>-<threads>threads.json`.
+`lab_utils/engine/accel/cpu_linear.py`. Writes `benchmarks/results/small_m_gemm-<date>-<threads>threads.json`.
 """
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench_common import machine
 
-from lab_utils.engine.cpu_kernels import cpu_kernels, cpu_kernels_status
+from lab_utils.engine.accel.cpu_kernels import cpu_kernels, cpu_kernels_status
 from lab_utils.quant.linear import Int8Linear
 
 SHAPES = [(960, 576), (576, 576), (3072, 576), (576, 1536)]  # (out, in) of one layer's linears

@@ -48,7 +48,7 @@ def stage_teacher(args) -> None:
     from lab_utils.models.loader import load_model
 
     torch.manual_seed(args.seed)
-    from lab_utils.engine.cpu_linear import fast_linears
+    from lab_utils.engine.accel import fast_linears
 
     model, tok = load_model(TEACHER, device="cpu")
     model = fast_linears(model, model.device)  # oneDNN-packed linears: ~1.3-2x faster generation on a CPU

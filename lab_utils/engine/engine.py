@@ -9,8 +9,7 @@ import torch
 from lab_utils.device import now, resolve_device
 from lab_utils.engine.block_manager import BlockManager
 from lab_utils.engine.config import EngineConfig
-from lab_utils.engine.cpu_linear import fast_linears
-from lab_utils.engine.cuda_graphs import runner_options
+from lab_utils.engine.accel import fast_linears, runner_options
 from lab_utils.engine.kv_cache import KVCache, bytes_per_token, storage_dtype
 from lab_utils.engine.model_runner import ModelRunner
 from lab_utils.engine.request import Request, RequestOutput, Status

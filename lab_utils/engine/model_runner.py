@@ -7,21 +7,22 @@ import warnings
 import torch
 
 from lab_utils.engine.attention import AttentionMetadata, PagedAttention
-from lab_utils.engine.cpu_attention import (
+from lab_utils.engine.accel import (
     MAX_KERNEL_QUERIES,
     CpuDecodeAttention,
+    SplitMetadata,
+    SplitPagedAttention,
     kernel_usable,
 )
 from lab_utils.engine.kv_cache import KVCache
 from lab_utils.engine.request import Request
-from lab_utils.engine.split_attention import SplitMetadata, SplitPagedAttention
 
 
 class ModelRunner:
     def __init__(self, model: torch.nn.Module, cache: KVCache, block_size: int, device: torch.device,
                  attention_backend: str = "sdpa", graphs=None) -> None:
         self.model, self.cache, self.block_size, self.device = model, cache, block_size, device
-        # fast paths (lab_utils.engine.cuda_graphs.runner_options): flex attention, decode CUDA graphs
+        # fast paths (lab_utils.engine.accel.cuda_graphs.runner_options): flex attention, decode CUDA graphs
         self.attention_backend, self.graphs = attention_backend, graphs
         self.last_hidden: torch.Tensor | None = None  # final hidden states of the returned rows (speculation)
         self.fast_path_error: str | None = None  # set when a fast path failed and the runner fell back to eager
@@ -91,7 +92,7 @@ class ModelRunner:
                 return SplitPagedAttention(self.cache, split)
         meta = AttentionMetadata.build(tables, ctx_lens, q_lens, self.block_size, self.device)
         if self.attention_backend == "flex":
-            from lab_utils.engine.flex_attention import FlexPagedAttention
+            from lab_utils.engine.accel.flex_attention import FlexPagedAttention
 
             return FlexPagedAttention(self.cache, meta)
         return PagedAttention(self.cache, meta)

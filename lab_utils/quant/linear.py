@@ -13,7 +13,7 @@
   per-token W8A8) lets SmolLM2's outlier channels flatten the rest: greedy agreement with FP32 fell from 0.96 (INT8
   weight-only) to 0.91; per 32 inputs it stays at 0.96. Within a group the product is integers times integers,
   x @ Wᵀ ≈ Σ_g (x_q,g @ q_w,gᵀ) · s_x,g · s_w, which a CPU computes 32 at a time with byte dot-product instructions
-  (`lab_utils/engine/csrc/small_m_linear.cpp`): a quarter of the bytes and no widening to float.
+  (`lab_utils/engine/accel/csrc/small_m_linear.cpp`): a quarter of the bytes and no widening to float.
 
 `Int8Linear` and `Int4Linear` keep activations in floating point (weight-only quantization), so they drop into
 any model; `W8A8Linear` does too, with the extra activation error.

@@ -79,7 +79,7 @@ class DraftModelProposer(Proposer):
         else:
             self.shares_target_kv = same_weights(draft_model, target_model)
         self.num_adopted_tokens = 0  # tokens whose K/V were copied from the target instead of computed
-        from lab_utils.engine.cpu_linear import fast_linears
+        from lab_utils.engine.accel import fast_linears
 
         self.model = fast_linears(draft_model.eval(), draft_model.device)  # packed view on a CPU (engine's GEMM)
         if target_model is not None and draft_model.config.vocab_size != target_model.config.vocab_size:

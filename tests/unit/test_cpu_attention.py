@@ -10,8 +10,8 @@ from lab_utils.engine.attention import (
     PagedAttention,
     paged_attention_reference,
 )
-from lab_utils.engine.cpu_attention import MAX_KERNEL_QUERIES, CpuDecodeAttention
-from lab_utils.engine.cpu_kernels import cpu_kernels, cpu_kernels_status
+from lab_utils.engine.accel.cpu_attention import MAX_KERNEL_QUERIES, CpuDecodeAttention
+from lab_utils.engine.accel.cpu_kernels import cpu_kernels, cpu_kernels_status
 from lab_utils.engine.kv_cache import KVCache
 
 # No compiler here means the engine runs the PyTorch path (tested everywhere else); these tests then have
@@ -126,7 +126,7 @@ def test_engine_tokens_equal_with_and_without_the_kernel(monkeypatch, tiny_cpu_e
 
 
 def test_kernel_only_for_float32_caches_on_cpu():
-    from lab_utils.engine.cpu_attention import kernel_usable
+    from lab_utils.engine.accel.cpu_attention import kernel_usable
 
     cpu = torch.device("cpu")
     fp8 = KVCache(1, 4, 4, 1, 8, torch.float32, torch.float8_e4m3fn, cpu)
@@ -164,7 +164,7 @@ def test_layer_ops_equal_pytorch(shape):
 
 @needs_kernel
 def test_fused_view_same_with_and_without_the_kernels(monkeypatch):
-    from lab_utils.engine.cpu_linear import pack_linears
+    from lab_utils.engine.accel.cpu_view import pack_linears
 
     model, _ = load_model("tiny-random", device="cpu", dtype=torch.float32)
     view, _ = pack_linears(model)

@@ -6,18 +6,14 @@ import torch
 from torch import nn
 
 from lab_utils import EngineConfig, LLMEngine, SamplingParams, load_model
-from lab_utils.engine.cpu_fused import (
+from lab_utils.engine.accel.cpu_fused import (
     FusedLlamaDecoderLayer,
     FusedLlamaForCausalLM,
     FusedPackedLinear,
     fusable,
 )
-from lab_utils.engine.cpu_linear import (
-    PackedLinear,
-    fast_linears,
-    pack_linears,
-    packed_linear_available,
-)
+from lab_utils.engine.accel.cpu_linear import PackedLinear, packed_linear_available
+from lab_utils.engine.accel.cpu_view import fast_linears, pack_linears
 from lab_utils.models.llama import LlamaForCausalLM
 from lab_utils.quant.linear import quantize_model
 

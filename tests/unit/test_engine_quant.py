@@ -53,7 +53,7 @@ def test_w8a8_engine_tokens_agree_with_and_without_the_kernel(smollm2, monkeypat
     _, on = _gen(smollm2, quantization="w8a8")
     monkeypatch.setenv("LAB_CPU_SMALL_M_LINEAR", "0")
     eng, off = _gen(smollm2, quantization="w8a8")
-    from lab_utils.engine.cpu_linear import SmallMInt8Linear
+    from lab_utils.engine.accel.cpu_linear import SmallMInt8Linear
 
     assert all(m.small_m_rows == 0 for m in eng.runner.model.modules() if isinstance(m, SmallMInt8Linear))
     agree = sum(a == b for r, g in zip(on, off) for a, b in zip(r, g)) / sum(len(r) for r in on)

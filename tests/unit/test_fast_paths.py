@@ -15,7 +15,7 @@ from lab_utils.engine.attention import (
     AttentionMetadata,
     paged_attention_reference,
 )
-from lab_utils.engine.cuda_graphs import (
+from lab_utils.engine.accel.cuda_graphs import (
     DecodeGraphRunner,
     batch_buckets,
     bucket_for,
@@ -24,7 +24,7 @@ from lab_utils.engine.cuda_graphs import (
     padded_metadata,
     runner_options,
 )
-from lab_utils.engine.flex_attention import (
+from lab_utils.engine.accel.flex_attention import (
     FlexPagedAttention,
     flex_available,
     select_attention_backend,
@@ -73,7 +73,7 @@ def test_flex_matches_reference_paged_attention(seed, hq, hkv):
 
 @pytest.mark.parametrize("seed,hq,hkv", [(10, 4, 2), (11, 9, 3), (12, 2, 1)])
 def test_split_attention_matches_reference_on_mixed_steps(seed, hq, hkv):
-    from lab_utils.engine.split_attention import SplitMetadata, SplitPagedAttention
+    from lab_utils.engine.accel.split_attention import SplitMetadata, SplitPagedAttention
 
     for s in range(seed, seed + 40):  # the first few random steps that mix decodes and prefill chunks
         cache, tables, ctx, qlen, bs, q, k, v = _ragged_step(s, hq, hkv)
@@ -91,7 +91,7 @@ def test_split_attention_matches_reference_on_mixed_steps(seed, hq, hkv):
 @pytest.mark.parametrize("group_rows", [1, 2, 3, 8])
 def test_decode_rows_attend_in_groups_sorted_by_context(group_rows):
     """Many decodes (+ a prefill chunk or not): groups of <= group_rows decode rows, same result as one pass."""
-    from lab_utils.engine.split_attention import SplitMetadata, SplitPagedAttention
+    from lab_utils.engine.accel.split_attention import SplitMetadata, SplitPagedAttention
 
     rng = random.Random(group_rows)
     block_size, hq, hkv, d = 4, 6, 2, 16

@@ -8,14 +8,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from lab_utils import load_model
-from lab_utils.engine.cpu_fused import FusedPackedLinear
-from lab_utils.engine.cpu_kernels import cpu_kernels, cpu_kernels_status
-from lab_utils.engine.cpu_linear import (
-    SMALL_M_MAX_ROWS,
-    PackedLinear,
-    fast_linears,
-    small_m_rows,
-)
+from lab_utils.engine.accel.cpu_fused import FusedPackedLinear
+from lab_utils.engine.accel.cpu_kernels import cpu_kernels, cpu_kernels_status
+from lab_utils.engine.accel.cpu_linear import SMALL_M_MAX_ROWS, PackedLinear, small_m_rows
+from lab_utils.engine.accel.cpu_view import fast_linears
 
 needs_kernel = pytest.mark.skipif(cpu_kernels() is None, reason=f"needs the compiled kernel: {cpu_kernels_status()}")
 
@@ -39,7 +35,7 @@ def test_kernel_equals_f_linear(rows):
 def test_kernel_is_the_vectorised_one_on_x86_with_avx2():
     """Built with -mavx2 -mfma (cpu_kernels' flags for an AVX2/AVX512 CPU) the AVX2 path is compiled; elsewhere
     the module still builds with a plain loop and the engine keeps oneDNN (small_m_kernel() is None)."""
-    from lab_utils.engine.cpu_linear import small_m_kernel
+    from lab_utils.engine.accel.cpu_linear import small_m_kernel
 
     avx2 = torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512")
     assert cpu_kernels().small_m_vectorized == avx2
@@ -160,8 +156,9 @@ def test_packed_view_runs_int8_linears_through_the_kernel(rows):
     model itself."""
     import copy
 
-    from lab_utils.engine.cpu_fused import FusedInt8Linear, FusedLlamaForCausalLM
-    from lab_utils.engine.cpu_linear import SmallMInt8Linear, pack_linears
+    from lab_utils.engine.accel.cpu_fused import FusedInt8Linear, FusedLlamaForCausalLM
+    from lab_utils.engine.accel.cpu_linear import SmallMInt8Linear
+    from lab_utils.engine.accel.cpu_view import pack_linears
     from lab_utils.quant.linear import quantize_model
 
     model, _ = load_model("tiny-random", device="cpu", dtype=torch.float32)
@@ -182,7 +179,7 @@ def test_packed_view_runs_int8_linears_through_the_kernel(rows):
 def test_fusable_for_all_fp32_or_all_int8_projections_only():
     import copy
 
-    from lab_utils.engine.cpu_fused import fusable
+    from lab_utils.engine.accel.cpu_fused import fusable
     from lab_utils.quant.linear import Int8Linear, W8A8Linear, quantize_model
 
     model, _ = load_model("tiny-random", device="cpu", dtype=torch.float32)
@@ -241,8 +238,9 @@ def test_packed_view_runs_w8a8_linears_through_the_kernel(rows):
     activation across a rounding boundary its INT8 value differs by one step (a change of ~1e-3 in the logits)."""
     import copy
 
-    from lab_utils.engine.cpu_fused import FusedInt8Linear
-    from lab_utils.engine.cpu_linear import SmallMInt8Linear, pack_linears
+    from lab_utils.engine.accel.cpu_fused import FusedInt8Linear
+    from lab_utils.engine.accel.cpu_linear import SmallMInt8Linear
+    from lab_utils.engine.accel.cpu_view import pack_linears
     from lab_utils.quant.linear import quantize_model
 
     model, _ = load_model("tiny-random", device="cpu", dtype=torch.float32)

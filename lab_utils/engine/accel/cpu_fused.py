@@ -20,7 +20,7 @@ q/k/v and gate/up become one call of the compiled INT8 (W8A8) kernel each (`Fuse
 
 Same results as the reference `LlamaForCausalLM` to float32 round-off (tests/unit/test_cpu_linear.py), same
 `hidden_states` interface, so the runner, the speculative decoders and the attention callables do not know which
-model they run. Built by `cpu_linear.pack_linears` for plain Llama models; the model the labs teach is unchanged.
+model they run. Built by `cpu_view.pack_linears` for plain Llama models; the model the labs teach is unchanged.
 """
 from __future__ import annotations
 
@@ -28,8 +28,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from lab_utils.engine.cpu_kernels import cpu_kernels
-from lab_utils.engine.cpu_linear import (
+from lab_utils.engine.accel.cpu_kernels import cpu_kernels
+from lab_utils.engine.accel.cpu_linear import (
     PackedLinear,
     int8_small_m_kernel,
     small_m_kernel,

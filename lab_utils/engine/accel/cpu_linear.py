@@ -19,14 +19,12 @@ CUDA, for non-float32 weights, or where oneDNN is missing.
 """
 from __future__ import annotations
 
-import copy
 import os
-import weakref
 
 import torch
 from torch import nn
 
-from lab_utils.engine.cpu_kernels import cpu_kernels
+from lab_utils.engine.accel.cpu_kernels import cpu_kernels
 from lab_utils.quant.linear import Int8Linear, W8A8Linear
 
 
@@ -137,59 +135,3 @@ class SmallMInt8Linear(nn.Module):
             return self.inner(x)
         lin = self.inner
         return kernel(x.contiguous(), [lin.qweight], lin.scale, lin.bias)
-
-
-def pack_linears(model: nn.Module, fuse: bool = True) -> tuple[nn.Module, int]:
-    """A copy of `model`'s module tree that shares its parameters and buffers, with every plain `nn.Linear`
-    replaced by a `PackedLinear` (and every `Int8Linear` / `W8A8Linear` by a `SmallMInt8Linear`), and for a plain
-    Llama the layers fused (`cpu_fused`: q/k/v and gate/up as one
-    packed weight each, fewer small kernels). Returns (view, number of linears packed); the model is unchanged."""
-    from lab_utils.engine.cpu_fused import fusable, fuse_layers
-
-    memo = {id(t): t for t in [*model.parameters(), *model.buffers()]}
-    view = copy.deepcopy(model, memo)
-    count = 0
-    fused = fuse and fusable(model)
-    for module in list(view.modules()):
-        for name, child in list(module.named_children()):
-            if fused and name in ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj"):
-                continue  # packed together by fuse_layers, not one by one (one packed copy of each weight)
-            if type(child) is nn.Linear and child.weight.dtype == torch.float32:
-                setattr(module, name, PackedLinear(child))
-                count += 1
-            elif type(child) in (Int8Linear, W8A8Linear) and child.scale.dtype == torch.float32:
-                setattr(module, name, SmallMInt8Linear(child))
-                count += 1
-    if fused:
-        fuse_layers(view)
-        count += 5 * len(view.model.layers)
-    return view, count
-
-
-# one packed view per model, shared by every engine built on it (a lab often builds several engines on one
-# model: each would otherwise hold its own extra copy of the weights); reused only while no weight has changed
-# (the switches: fused layers, small-M kernel)
-_VIEWS: weakref.WeakKeyDictionary[nn.Module, tuple[nn.Module, list[int], tuple[bool, bool]]] = (
-    weakref.WeakKeyDictionary())
-
-
-def _versions(model: nn.Module) -> list[int]:
-    return [p._version for p in model.parameters()]  # bumped by every in-place change (training, copy_)
-
-
-def fast_linears(model: nn.Module, device: torch.device) -> nn.Module:
-    """The model the engine's runner calls: a packed view on CPU (float32, oneDNN present, not turned off by
-    LAB_CPU_PACKED_LINEAR=0), with fused layers unless LAB_CPU_FUSED_LAYERS=0; the model itself otherwise.
-    (The two switches are for A/B measurements: benchmarks/engine_step_times.py.)"""
-    if os.environ.get("LAB_CPU_PACKED_LINEAR", "1") == "0" or not packed_linear_available(device, model.dtype):
-        return model
-    fuse = os.environ.get("LAB_CPU_FUSED_LAYERS", "1") != "0"
-    switches = (fuse, small_m_enabled())
-    cached = _VIEWS.get(model)
-    if cached is not None and cached[1] == _versions(model) and cached[2] == switches:
-        return cached[0]
-    view, count = pack_linears(model, fuse=fuse)
-    if not count:
-        return model
-    _VIEWS[model] = (view, _versions(model), switches)
-    return view

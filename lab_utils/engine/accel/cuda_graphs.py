@@ -164,7 +164,7 @@ class DecodeGraphRunner:
 def runner_options(config, device: torch.device, model: torch.nn.Module, cache: KVCache, block_size: int,
                    max_model_len: int) -> dict:
     """The fast paths ModelRunner gets: flex attention and decode CUDA graphs on CUDA, none with enforce_eager."""
-    from lab_utils.engine.flex_attention import select_attention_backend
+    from lab_utils.engine.accel.flex_attention import select_attention_backend
 
     graphs = None
     if device.type == "cuda" and not config.enforce_eager:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 
 from lab_utils.engine.attention import AttentionMetadata, PagedAttention
-from lab_utils.engine.cpu_kernels import cpu_kernels
+from lab_utils.engine.accel.cpu_kernels import cpu_kernels
 from lab_utils.engine.kv_cache import KVCache
 
 

@@ -87,7 +87,7 @@ def cpu_kernels() -> object | None:
         return None
     if "module" not in _state:
         try:
-            _state["module"], _state["status"] = _compile(), "compiled CPU kernels (lab_utils/engine/csrc/)"
+            _state["module"], _state["status"] = _compile(), "compiled CPU kernels (lab_utils/engine/accel/csrc/)"
         except Exception as err:  # noqa: BLE001  (no compiler, no headers, a build error: PyTorch ops still work)
             last = str(err).strip().splitlines()[-1] if str(err).strip() else ""
             _state["module"] = None
