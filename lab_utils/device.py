@@ -28,6 +28,26 @@ def default_dtype(device: torch.device) -> torch.dtype:
     return torch.float32
 
 
+_DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+           "float16": torch.float16, "fp16": torch.float16}
+
+
+def resolve_dtype(name: str | torch.dtype | None, device: torch.device | str) -> torch.dtype:
+    """A lab's `DTYPE` parameter as a torch dtype: `"auto"`/None = fp32 on CPU, bf16 on CUDA (`default_dtype`).
+
+    Labs read it as `DTYPE = os.environ.get("LAB_DTYPE", "auto")` so CI can rehearse a GPU's bf16 on a CPU.
+    """
+    if isinstance(name, torch.dtype):
+        return name
+    if name is None or str(name).strip().lower() == "auto":
+        return default_dtype(torch.device(device))
+    key = str(name).strip().lower().removeprefix("torch.")
+    if key not in _DTYPES:
+        raise ValueError(f"dtype={name!r} is not supported; use 'auto', 'float32', 'bfloat16' or 'float16' "
+                         "(e.g. LAB_DTYPE=bfloat16)")
+    return _DTYPES[key]
+
+
 def synchronize(device: torch.device | str) -> None:
     if torch.device(device).type == "cuda":
         torch.cuda.synchronize()
