@@ -69,7 +69,7 @@ class KVCache:
         """Gather K, V at `slots` (any shape S) -> [*S, Hkv, D] in the compute dtype.
 
         `index_select` on the flat slots, not `cache[slots]`: the same rows, but a plain row copy (advanced
-        indexing with a 2-D index was 3-10x slower on CPU at batch 32-64, measured in issue #13)."""
+        indexing with a 2-D index was 3-10x slower on CPU at batch 32-64 on the 2-core course VM)."""
         flat = slots.reshape(-1)
 
         def rows(t: torch.Tensor) -> torch.Tensor:

@@ -176,3 +176,40 @@ def test_every_check_has_a_negative_control():
         hits = [p.name for p, text in tests.items() if name in text and "raises(AssertionError" in text]
         assert hits, (f"{where.name}: {name} has no negative control in tests/unit/test_checks*.py "
                       f"(a wrong implementation under pytest.raises(AssertionError))")
+
+
+# ------------------------------------------------------------------------------- today's facts, no history
+HISTORY_RE = re.compile(r"session [0-9]|issue #?[0-9]", re.I)
+HISTORY_ROOTS = ["lab_utils", "labs", "docs", "README.md"]
+SKIP_PARTS = {"__pycache__", ".ipynb_checkpoints"}
+SKIP_SUFFIXES = {".pyc", ".so", ".safetensors", ".bin", ".pt", ".png", ".jpg"}
+
+
+def test_no_work_history_in_code_labs_or_docs():
+    """`grep -rniE "session [0-9]|issue #?[0-9]" lab_utils labs docs README.md` finds nothing: git keeps history."""
+    hits = []
+    for root in HISTORY_ROOTS:
+        base = REPO_ROOT / root
+        for path in ([base] if base.is_file() else sorted(base.rglob("*"))):
+            if not path.is_file() or SKIP_PARTS & set(path.parts) or path.suffix in SKIP_SUFFIXES:
+                continue
+            for n, line in enumerate(path.read_text(encoding="utf-8", errors="ignore").splitlines(), 1):
+                if HISTORY_RE.search(line):
+                    hits.append(f"{path.relative_to(REPO_ROOT)}:{n}: {line.strip()[:120]}")
+    assert not hits, ("state today's facts, not work sessions or issue numbers (commit messages may):\n"
+                      + "\n".join(hits))
+
+
+RESULTS_MAX_BYTES = 20 * 1024
+
+
+def test_results_page_is_short_and_has_no_history():
+    """docs/RESULTS.md: one short section per lab/benchmark, current figures only (history is in git)."""
+    text = (REPO_ROOT / "docs" / "RESULTS.md").read_text(encoding="utf-8")
+    size = len(text.encode("utf-8"))
+    assert size < RESULTS_MAX_BYTES, (f"docs/RESULTS.md is {size:,} bytes, limit {RESULTS_MAX_BYTES:,}: replace "
+                                      "superseded figures instead of appending (git keeps the old ones)")
+    dated = re.findall(r"^#+ .*\b20\d\d-\d\d-\d\d\b.*$", text, flags=re.M)
+    assert not dated, f"docs/RESULTS.md: dated update headings {dated}: fold them into the lab's section"
+    for lab in ("00", "01", "02", "03", "04", "05", "06", "07", "08", "09", "10", "11", "12"):
+        assert re.search(rf"^## Lab {lab}\b", text, flags=re.M), f"docs/RESULTS.md has no '## Lab {lab}' section"

@@ -1,4 +1,4 @@
-"""Paged decode attention as one compiled CPU kernel a layer (issue #13).
+"""Paged decode attention as one compiled CPU kernel a layer.
 
 On a CPU, `PagedAttention` costs a decode step ~8 small kernels a layer for each group of rows: write the new
 K/V, gather every sequence's keys and values into a padded copy, transpose, `scaled_dot_product_attention` with a

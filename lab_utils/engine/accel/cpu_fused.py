@@ -1,4 +1,4 @@
-"""CPU fast path for the whole layer stack: fewer, bigger kernels per layer (issue #13).
+"""CPU fast path for the whole layer stack: fewer, bigger kernels per layer.
 
 After `cpu_linear` packs the weights, a small-batch decode step on a CPU is still ~30% small-tensor work: per
 layer two RMSNorms (each five kernels on a CPU), RoPE on q and on k (five kernels each), three linears that

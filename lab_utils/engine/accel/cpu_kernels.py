@@ -1,4 +1,4 @@
-"""The engine's compiled CPU kernels (issue #13): built once from `csrc/`, or None where they cannot be.
+"""The engine's compiled CPU kernels: built once from `csrc/`, or None where they cannot be.
 
 After the GEMMs are packed (`cpu_linear`) and the layers fused (`cpu_fused`), what is left of a small CPU
 decode step is many small kernels: attention's gather/mask/SDPA/scatter, RMSNorm's six element-wise passes,

@@ -38,8 +38,8 @@ def packed_linear_available(device: torch.device, dtype: torch.dtype) -> bool:
 # A vocabulary-sized output (the lm head) kept oneDNN ahead up to ~512 rows. At one row (a batch-1 decode)
 # oneDNN wins too once the weights come from memory as in a real forward (30 layers' distinct weights, 420 MB):
 # 22.5 vs 29.5 ms for SmolLM2's layer linears. (An earlier measurement that reused one layer's weights, which
-# then sat in cache, had MKL's matrix-vector kernel ahead; session 4 of issue #13 corrected that.)
-# Session 6 (benchmarks/small_m_gemm.py, with the small-M kernel below taking up to 64 rows): on 2 threads oneDNN
+# then sat in cache, had MKL's matrix-vector kernel ahead; with distinct weights it is not.)
+# With the small-M kernel below taking up to 64 rows (benchmarks/small_m_gemm.py): on 2 threads oneDNN
 # is 7% ahead of MKL at 128 rows (231 vs 247 ms for all of SmolLM2's linears) and 4% behind at 192; on 1 thread
 # level at 96, MKL 3% ahead at 128.
 MKL_MIN_ROWS_PER_THREAD = 96

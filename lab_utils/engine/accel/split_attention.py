@@ -1,4 +1,4 @@
-"""Paged attention in groups: prefill chunks apart from decode rows, and decode rows in small groups (issue #13).
+"""Paged attention in groups: prefill chunks apart from decode rows, and decode rows in small groups.
 
 `PagedAttention` lays a step out as [B sequences, Q = longest query, L = longest context] and runs one gather
 and one SDPA over it. Two things make that slow on a CPU, and splitting the step fixes both:

@@ -1,4 +1,4 @@
-// The small element-wise steps of a Llama layer, one pass over memory each (issue #13): the CPU kernels behind
+// The small element-wise steps of a Llama layer, one pass over memory each: the CPU kernels behind
 // lab_utils/engine/cpu_fused.py.
 //
 // In PyTorch, RMSNorm on a CPU is six kernels (pow, mean, add, rsqrt, mul, mul), the residual add before it one

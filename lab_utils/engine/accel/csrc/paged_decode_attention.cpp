@@ -1,4 +1,4 @@
-// Decode attention that reads the paged KV cache in place (issue #13): the CPU kernel behind
+// Decode attention that reads the paged KV cache in place: the CPU kernel behind
 // lab_utils/engine/cpu_attention.py.
 //
 // The PyTorch path gathers every sequence's keys and values into a padded [B, L, Hkv, D] copy, then calls

@@ -1,4 +1,4 @@
-// y = x W^T (+ bias) for a few rows of x: the GEMM of a decode step (issue #13), behind lab_utils/engine/cpu_linear.py.
+// y = x W^T (+ bias) for a few rows of x: the GEMM of a decode step, behind lab_utils/engine/cpu_linear.py.
 //
 // A decode step multiplies a handful of rows (one per running sequence, or k+1 for a speculative verify) by every
 // weight of the model. With so few rows the product is bound by reading the weights from memory, not by
