@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import itertools
+import numbers
 from typing import Iterable, Sequence
 
 import torch
@@ -113,7 +114,7 @@ class LLMEngine:
             token_ids = self.tokenizer(prompt, add_special_tokens=False).input_ids
             text = prompt
         else:
-            token_ids, text = [int(t) for t in prompt], None
+            token_ids, text = self._token_ids(prompt), None
         if not token_ids:
             raise ValueError("the prompt is empty: give at least one token")
         rid = request_id if request_id is not None else str(next(self._ids))
@@ -130,25 +131,51 @@ class LLMEngine:
             self.scheduler.add(req)
         return rid
 
-    def _rejection_reason(self, req: Request) -> str | None:
-        if req.num_prompt_tokens >= self.max_model_len:
-            return (f"prompt has {req.num_prompt_tokens} tokens but max_model_len is {self.max_model_len} "
+    @property
+    def vocab_size(self) -> int:
+        """Rows of the embedding table: a token id outside [0, vocab_size) would fail inside a step."""
+        return int(self.model.config.vocab_size)
+
+    def _token_ids(self, prompt: Iterable[int]) -> list[int]:
+        """Checked prompt ids: a bad id fails here, at the caller, never in a step shared with other requests."""
+        try:
+            ids = prompt.tolist() if hasattr(prompt, "tolist") else list(prompt)
+        except TypeError:
+            raise ValueError(f"prompt must be text or a sequence of token ids, not {type(prompt).__name__}") from None
+        vocab = self.vocab_size
+        for i, t in enumerate(ids):
+            if isinstance(t, bool) or not isinstance(t, numbers.Integral):
+                raise ValueError(f"prompt[{i}]={t!r} is not a token id: token ids are ints in [0, {vocab})")
+            ids[i] = t = int(t)
+            if not 0 <= t < vocab:
+                raise ValueError(f"prompt[{i}]={t} is outside this model's vocabulary: token ids must be in "
+                                 f"[0, {vocab})")
+        return ids
+
+    def check_request(self, num_prompt_tokens: int, params: SamplingParams) -> str | None:
+        """Why a request of this size could never run here (None if it can): callers may ask before adding."""
+        if num_prompt_tokens >= self.max_model_len:
+            return (f"prompt has {num_prompt_tokens} tokens but max_model_len is {self.max_model_len} "
                     f"(prompt + at least one generated token must fit)")
         # the whole request (prompt + max_tokens) must fit in the pool on its own, else preemption cannot help
-        longest = min(req.num_prompt_tokens + req.params.max_tokens, self.max_model_len)
+        longest = min(num_prompt_tokens + params.max_tokens, self.max_model_len)
         need = self.block_manager.blocks_needed(longest)
         if need > self.num_blocks:
             return (f"prompt + max_tokens ({longest} tokens) needs {need} KV blocks but the pool has only "
                     f"{self.num_blocks}; lower max_tokens, or raise kv_cache_memory_bytes or num_gpu_blocks")
         return None
 
-    def abort(self, request_id: str) -> bool:
-        """Stop a request now and free its blocks. Returns False if it had already ended."""
+    def _rejection_reason(self, req: Request) -> str | None:
+        return self.check_request(req.num_prompt_tokens, req.params)
+
+    def abort(self, request_id: str, reason: str = "abort") -> bool:
+        """Stop a request now and free its blocks. Returns False if it had already ended. `reason` becomes its
+        finish_reason ("abort" when a client left; "error: ..." when a step failed on it)."""
         req = self.requests.get(request_id)
         if req is None or req.status.done:
             return False
         self.scheduler.finish(req, Status.ABORTED)
-        req.finish_reason = "abort"
+        req.finish_reason = reason
         req.metrics.finish_time = now()
         self.num_aborted += 1
         if self.spec is not None:
