@@ -194,3 +194,44 @@ def check_cached_attention(fn: Callable, seed: int | None = None) -> None:
     steps = _check_step_on_model(fn, gen)
     print(f"check_cached_attention passed: {len(cases)} random cases match, and {steps} decode steps through a "
           "tiny Llama reproduce its full-sequence logits")
+
+
+# --- the lab's closing claims --------------------------------------------------------------------------------
+
+
+def claims(r: dict) -> list[tuple[str, bool]]:
+    """Lab 00's claims from the run's measurements `r` (built in the notebook's claims cell)."""
+    from lab_utils.checks.claims import need
+
+    need(r, "naive_tokens", "cached_tokens", "kv_speedup", "t_max", "prefill_tps", "decode_tps", "ai_decode",
+         "ai_prefill", "ridge", "prefill_vs_peak", "decode_vs_peak", "seq", "bat")
+    dec = r["decode_tps"]
+    b1, bmax = min(dec), max(dec)
+    seq, bat = r["seq"], r["bat"]
+    same = (isinstance(r["naive_tokens"], torch.Tensor) and isinstance(r["cached_tokens"], torch.Tensor)
+            and torch.equal(r["naive_tokens"], r["cached_tokens"]))
+    return [
+        ("naive and cached generation produce identical tokens", same),
+        (f"KV cache speeds up generation >= 1.5x (measured {r['kv_speedup']:.1f}x)", r["kv_speedup"] >= 1.5),
+        (f"prefill is >= 3x more tokens/s than batch-1 decode ({r['prefill_tps']:.0f} vs {dec[b1]:.0f})",
+         r["prefill_tps"] >= 3 * dec[b1]),
+        (f"decode batch {bmax} gives >= 2x the tokens/s of batch {b1} ({dec[bmax]:.0f} vs {dec[b1]:.0f})",
+         dec[bmax] >= 2 * dec[b1]),
+        (f"roofline: decode (I={r['ai_decode']:.2f}) is left of the ridge ({r['ridge']:.1f}), prefill T={r['t_max']} "
+         f"(I={r['ai_prefill']:.0f}) right of it", r["ai_decode"] < r["ridge"] < r["ai_prefill"]),
+        (f"prefill T={r['t_max']} uses a larger share of the measured peak FLOP/s than batch-1 decode "
+         f"({r['prefill_vs_peak']:.2f} vs {r['decode_vs_peak']:.3f})", r["prefill_vs_peak"] > r["decode_vs_peak"]),
+        (f"the batch's first tokens come sooner: median TTFT {bat['median_ttft_ms']:.0f} ms vs "
+         f"{seq['median_ttft_ms']:.0f} ms one at a time", bat["median_ttft_ms"] < seq["median_ttft_ms"]),
+        (f"the batch has higher output throughput ({bat['output_throughput']:.1f} vs "
+         f"{seq['output_throughput']:.1f} tok/s)", bat["output_throughput"] > seq["output_throughput"]),
+        (f"the batch has higher goodput ({bat['request_goodput']:.2f} vs {seq['request_goodput']:.2f} req/s)",
+         bat["request_goodput"] > seq["request_goodput"]),
+    ]
+
+
+def assert_claims(r: dict, show: bool = True) -> None:
+    """Print lab 00's claims; AssertionError naming each one that fails."""
+    from lab_utils.checks.claims import report
+
+    report(claims(r), show)

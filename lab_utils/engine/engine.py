@@ -17,6 +17,7 @@ from lab_utils.engine.request import Request, RequestOutput, Status
 from lab_utils.engine.sampler import sample
 from lab_utils.engine.sampling_params import SamplingParams
 from lab_utils.engine.scheduler import Scheduler
+from lab_utils.engine.structured import StructuredOutputs
 
 CPU_DEFAULT_KV_BYTES = 1 << 30  # 1 GiB of KV on a CPU unless told otherwise
 
@@ -67,6 +68,10 @@ class LLMEngine:
             self.spec = SpecDecoder(config.speculative, self.runner.model, self.device, self.block_manager,
                                     self.max_model_len, self.kv_cache)  # the runner's model: packed lm head on CPU
         self.eos_ids = self._eos_ids()
+        # structured output (lab 13): grammar masks for the requests that ask for them (xgrammar loads on first use)
+        self.structured = StructuredOutputs(tokenizer, mc.vocab_size, self.eos_ids)
+        if self.spec is not None:
+            self.spec.draft_filter = self.structured.filter_draft  # guesses the grammar refuses are cut
         self.requests: dict[str, Request] = {}
         self._pending_outputs: list[RequestOutput] = []
         self._ids = itertools.count()
@@ -120,6 +125,7 @@ class LLMEngine:
         rid = request_id if request_id is not None else str(next(self._ids))
         if rid in self.requests:
             raise ValueError(f"request_id {rid!r} is already in use")
+        grammar = self.structured.compile(params.structured_output)  # a bad schema: ValueError, nothing queued
         req = Request(rid, text, token_ids, params, arrival_time if arrival_time is not None else now())
         self.requests[rid] = req
         reason = self._rejection_reason(req)
@@ -128,6 +134,8 @@ class LLMEngine:
             self.num_rejected += 1
             self._pending_outputs.append(self._output(req, finished=True))
         else:
+            if grammar is not None:
+                self.structured.add(rid, grammar)
             self.scheduler.add(req)
         return rid
 
@@ -180,6 +188,7 @@ class LLMEngine:
         self.num_aborted += 1
         if self.spec is not None:
             self.spec.release(request_id)
+        self.structured.release(request_id)
         self._pending_outputs.append(self._output(req, finished=True))
         return True
 
@@ -203,7 +212,9 @@ class LLMEngine:
                 req.metrics.first_scheduled_time = t_start
         plans, rows = self.spec.plan(sched.scheduled, self.config.max_num_batched_tokens - sched.num_tokens) \
             if self.spec is not None else ({}, None)
+        self.structured.prepare(sched.scheduled, plans)  # grammar masks: filled while the forward runs
         logits, to_sample = self.runner.run(sched.scheduled, sched.num_padding, rows)
+        logits = self.structured.apply(logits, to_sample)  # forbidden tokens of constrained rows -> -inf
         for req, n in sched.scheduled:
             req.num_computed_tokens += n
         if self.spec is not None:  # verify the guesses (and roll back the rejected ones) before committing blocks
@@ -223,7 +234,7 @@ class LLMEngine:
                 emitted.append(tok)
                 if req.metrics.first_token_time is None:
                     req.metrics.first_token_time = t
-                reason = self._stop_reason(req, tok)
+                reason = self.structured.accept(req, tok) or self._stop_reason(req, tok)
                 if reason:
                     break
             if reason:
@@ -232,6 +243,7 @@ class LLMEngine:
                 self.num_finished += 1
                 if self.spec is not None:
                     self.spec.release(req.request_id)
+                self.structured.release(req.request_id)
             outputs.append(self._output(req, finished=reason is not None, new=emitted))
         self.num_steps += 1
         if self.keep_history:

@@ -74,6 +74,8 @@ class SpecDecoder:
         self.bm, self.max_model_len, self.kv_cache = block_manager, max_model_len, kv_cache
         self.stats = SpecStats(self.k)
         self.hidden: dict[str, torch.Tensor] = {}  # per request: rows promised by the `hidden` contract (base.py)
+        # structured output: (request, proposal) -> the proposal cut after the first guess its grammar refuses
+        self.draft_filter = None
 
     def plan(self, scheduled: list[tuple[Request, int]], budget: int) -> tuple[dict[str, Proposal], list[int]]:
         """Add guesses to this step's decodes (in place). Returns {request id: proposal} and, per scheduled
@@ -84,6 +86,8 @@ class SpecDecoder:
             k = min(self.k, budget, req.params.max_tokens - req.num_output_tokens - 1,
                     self.max_model_len - req.num_tokens - 1) if is_decode else 0
             prop = self._propose(req, k) if k > 0 else None
+            if prop is not None and self.draft_filter is not None:
+                prop = self.draft_filter(req, prop)
             if prop is not None and prop.token_ids and self.bm.grow(req, req.num_tokens + len(prop.token_ids)):
                 req.token_ids.extend(prop.token_ids)  # only for this step: `verify` removes them again
                 scheduled[i] = (req, 1 + len(prop.token_ids))
