@@ -43,6 +43,7 @@ class EngineConfig:
     block_size: int = 16  # tokens per KV block
     num_gpu_blocks: int | None = None  # size of the KV pool; None: from the memory budget
     kv_cache_memory_bytes: int | None = None  # KV budget; None: 1 GiB on CPU, gpu_memory_utilization on CUDA
+    # as vLLM: the share of the card's total memory for this engine's weights + activations + KV (kv_budget.py)
     gpu_memory_utilization: float = 0.9
     max_num_batched_tokens: int = 512  # token budget of one step
     max_model_len: int | None = None  # None: the model's context length

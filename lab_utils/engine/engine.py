@@ -1,6 +1,7 @@
 """LLMEngine: add requests, call step() until done. Each step: schedule -> run the model -> sample -> finish."""
 from __future__ import annotations
 
+import functools
 import itertools
 import numbers
 from typing import Iterable, Sequence
@@ -13,6 +14,7 @@ from lab_utils.engine.config import EngineConfig
 from lab_utils.engine.accel import fast_linears, runner_options
 from lab_utils.engine.kv_cache import KVCache, bytes_per_token, storage_dtype
 from lab_utils.engine.model_runner import ModelRunner
+from lab_utils.engine.parts import REFERENCE, EngineParts
 from lab_utils.engine.request import Request, RequestOutput, Status
 from lab_utils.engine.sampler import sample
 from lab_utils.engine.sampling_params import SamplingParams
@@ -24,8 +26,10 @@ CPU_DEFAULT_KV_BYTES = 1 << 30  # 1 GiB of KV on a CPU unless told otherwise
 
 class LLMEngine:
     def __init__(self, model="smollm2-135m", config: EngineConfig | None = None, device: str = "auto",
-                 dtype: torch.dtype | None = None, tokenizer=None) -> None:
+                 dtype: torch.dtype | None = None, tokenizer=None, parts: EngineParts | None = None) -> None:
         self.config = config = config or EngineConfig()
+        # which version of each teachable part runs: the reference, or a learner's (lab_utils.engine.parts)
+        self.parts = parts if parts is not None else REFERENCE
         self.device = resolve_device(device)
         owned = isinstance(model, str) or hasattr(model, "__fspath__")
         if owned:
@@ -55,12 +59,17 @@ class LLMEngine:
         self.num_blocks = self._num_blocks()
         self.kv_cache = KVCache(mc.num_hidden_layers, self.num_blocks, self.block_size, mc.num_key_value_heads,
                                 mc.head_dim, model.dtype, store, self.device)
-        self.block_manager = BlockManager(self.num_blocks, self.block_size,
-                                          config.enable_prefix_caching and not contiguous, config.watermark)
-        self.scheduler = Scheduler(config, self.block_manager, self._swap_out, self._swap_in)
+        self.block_manager = self.parts.subclass(BlockManager, "block_manager")(
+            self.num_blocks, self.block_size, config.enable_prefix_caching and not contiguous, config.watermark)
+        # the swap hooks hold the KV cache, not the engine: bound methods would make engine -> scheduler -> engine
+        # a reference cycle, and an engine in a cycle (KV pool included) outlives `del engine` until a full gc
+        self.scheduler = self.parts.subclass(Scheduler, "scheduler")(
+            config, self.block_manager, functools.partial(swap_out, self.kv_cache),
+            functools.partial(swap_in, self.kv_cache))
         self.runner = ModelRunner(fast_linears(model, self.device), self.kv_cache, self.block_size, self.device,
                                   **runner_options(config, self.device, model, self.kv_cache, self.block_size,
-                                                   self.max_model_len))
+                                                   self.max_model_len),
+                                  slot_mapping=self.parts.function("attention.slot_mapping", None))
         self.spec = None  # speculative decoding (lab 07): turns decode steps into verify steps
         if config.speculative is not None:
             from lab_utils.spec.engine_hook import SpecDecoder
@@ -80,6 +89,7 @@ class LLMEngine:
         self.step_log: list[dict] = []  # per step: time, scheduled request ids and token counts (timelines)
         # a long-running server turns this off: no step_log, and ended requests are forgotten once reported
         self.keep_history = True
+        self.closed = False
 
     # -- sizing -----------------------------------------------------------------------------------
     def _num_blocks(self) -> int:
@@ -88,9 +98,12 @@ class LLMEngine:
             return cfg.num_gpu_blocks
         budget = cfg.kv_cache_memory_bytes
         if budget is None:
-            if self.device.type == "cuda":
-                free, _ = torch.cuda.mem_get_info(self.device)
-                budget = int(free * cfg.gpu_memory_utilization)
+            if self.device.type == "cuda":  # vLLM's meaning: a share of the card for weights + activations + KV
+                from lab_utils.engine.kv_budget import kv_cache_budget, measure
+
+                tokens = min(cfg.max_num_batched_tokens, self.max_model_len)
+                budget = kv_cache_budget(measure(self.model, self.device, tokens, min(cfg.max_num_seqs, tokens)),
+                                         cfg.gpu_memory_utilization)
             else:
                 budget = CPU_DEFAULT_KV_BYTES
         n = budget // self.bytes_per_block
@@ -112,6 +125,7 @@ class LLMEngine:
     def add_request(self, prompt: str | Sequence[int], params: SamplingParams | None = None,
                     request_id: str | None = None, arrival_time: float | None = None) -> str:
         """Queue a request. Returns its id. A request that can never run is rejected with a reason, not dropped."""
+        self._check_open()
         params = params or SamplingParams()
         if isinstance(prompt, str):
             if self.tokenizer is None:
@@ -199,11 +213,12 @@ class LLMEngine:
     def step(self) -> list[RequestOutput]:
         """One scheduling step + one forward pass. Returns an output for every request that produced a token
         or ended in this step (streaming clients read `new_token_ids`)."""
+        self._check_open()
         outputs, self._pending_outputs = self._pending_outputs, []
         sched = self.scheduler.schedule()
         if not sched.scheduled:
-            if self.scheduler.running or self.scheduler.waiting:
-                stuck = (self.scheduler.running or list(self.scheduler.waiting))[0]
+            if self.scheduler.has_work():
+                stuck = ([r for r in self.scheduler.running if not r.status.done] or list(self.scheduler.waiting))[0]
                 raise RuntimeError(f"scheduler made no progress with {stuck}; this is a bug")
             return outputs
         t_start = now()
@@ -280,13 +295,30 @@ class LLMEngine:
         return RequestOutput(req.request_id, req.prompt, req.prompt_token_ids, req.output_token_ids, text,
                              finished, req.finish_reason, req.metrics, req.num_cached_tokens, new or [])
 
-    # -- swap preemption hooks --------------------------------------------------------------------
-    def _swap_out(self, req: Request) -> None:
-        req.swapped_kv = self.kv_cache.copy_out(req.block_table)
+    # -- lifetime -----------------------------------------------------------------------------------
+    def close(self) -> None:
+        """Give the KV pool and the captured CUDA graphs back now (to the card, on a GPU), as vLLM's shutdown.
 
-    def _swap_in(self, req: Request) -> None:
-        self.kv_cache.copy_in(req.block_table, req.swapped_kv)
-        req.swapped_kv = None
+        `del engine` frees them too once the last reference goes; `close()` does it even while a notebook still
+        holds the engine. A closed engine refuses new work with a clear error."""
+        self.closed = True
+        self.runner.graphs = None
+        empty = torch.empty(0, device=self.device)
+        for name in ("k", "v", "k_scale", "v_scale"):
+            if hasattr(self.kv_cache, name):
+                setattr(self.kv_cache, name, empty)
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+
+    def __enter__(self) -> "LLMEngine":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def _check_open(self) -> None:
+        if self.closed:
+            raise RuntimeError("this LLMEngine was closed (close() freed its KV cache); build a new engine")
 
     # -- convenience ------------------------------------------------------------------------------
     def generate(self, prompts: str | Iterable[str | Sequence[int]], params: SamplingParams | list[SamplingParams] | None = None,
@@ -328,7 +360,7 @@ class LLMEngine:
             "num_preemptions": self.scheduler.num_preemptions,
             "prefix_cache_hit_rate": bm.hit_rate(),
             "num_cached_blocks": bm.num_cached_blocks,
-            "num_running": len(self.scheduler.running),
+            "num_running": self.scheduler.num_running,
             "num_waiting": len(self.scheduler.waiting),
             "num_finished": self.num_finished,
             "num_aborted": self.num_aborted,
@@ -336,3 +368,13 @@ class LLMEngine:
             "num_steps": self.num_steps,
             **(self.spec.stats.as_dict() if self.spec is not None else {"spec_acceptance_rate": None}),
         }
+
+
+def swap_out(kv_cache: KVCache, req: Request) -> None:
+    """Swap preemption: copy a request's KV to host memory (the scheduler keeps its computed tokens)."""
+    req.swapped_kv = kv_cache.copy_out(req.block_table)
+
+
+def swap_in(kv_cache: KVCache, req: Request) -> None:
+    kv_cache.copy_in(req.block_table, req.swapped_kv)
+    req.swapped_kv = None
