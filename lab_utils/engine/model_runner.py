@@ -18,16 +18,29 @@ from lab_utils.engine.kv_cache import KVCache
 from lab_utils.engine.request import Request
 
 
+# the fast paths one failure can turn off, each on its own, and how a user turns it off up front
+FAST_PATHS = {
+    "cuda_graphs": "enforce_eager=True skips CUDA graphs and flex",
+    "flex": "enforce_eager=True skips flex and CUDA graphs",
+    "cpu_kernel": "LAB_CPU_KERNELS=0 skips the CPU kernels",
+}
+
+
 class ModelRunner:
     def __init__(self, model: torch.nn.Module, cache: KVCache, block_size: int, device: torch.device,
-                 attention_backend: str = "sdpa", graphs=None) -> None:
+                 attention_backend: str = "sdpa", graphs=None, slot_mapping=None) -> None:
         self.model, self.cache, self.block_size, self.device = model, cache, block_size, device
         # fast paths (lab_utils.engine.accel.cuda_graphs.runner_options): flex attention, decode CUDA graphs
         self.attention_backend, self.graphs = attention_backend, graphs
         self.last_hidden: torch.Tensor | None = None  # final hidden states of the returned rows (speculation)
-        self.fast_path_error: str | None = None  # set when a fast path failed and the runner fell back to eager
+        self.fast_path_error: str | None = None  # the last fast path that failed, and why (the runner fell back)
+        self.fast_path_errors: dict[str, str] = {}  # every fast path turned off so far -> why
         # decode rows on a CPU float32 cache: one compiled kernel a layer (cpu_attention), if it could be built
         self.cpu_decode_kernel = attention_backend == "sdpa" and kernel_usable(cache, device)
+        # a learner's slot mapping (lab 02): the reference paged attention is the one that uses it
+        self.slot_mapping = slot_mapping
+        if slot_mapping is not None:
+            self.attention_backend, self.graphs, self.cpu_decode_kernel = "sdpa", None, False
 
     @torch.inference_mode()
     def run(self, scheduled: list[tuple[Request, int]], num_padding: int = 0, num_rows: list[int] | None = None
@@ -52,26 +65,49 @@ class ModelRunner:
         if num_padding:
             ids, pos, ctx_lens, q_lens, tables, last_rows = pad_decode_rows(
                 ids, pos, ctx_lens, q_lens, tables, last_rows, num_padding)
-        try:
-            hidden = self._forward(ids, pos, ctx_lens, q_lens, tables)
-        except Exception as err:
-            if self.attention_backend == "sdpa" and self.graphs is None and not self.cpu_decode_kernel:
-                raise
-            # A fast path (flex / CUDA graphs / the CPU kernel) failed on this machine: say so loudly, record it,
-            # and finish the step on the eager path. Re-running is safe: K/V writes are idempotent (same values,
-            # same slots).
-            self.fast_path_error = f"{type(err).__name__}: {err}"
-            warnings.warn(f"fast path {self.attention_backend!r}/graphs/CPU kernel failed ({self.fast_path_error});"
-                          " falling back to eager SDPA attention (enforce_eager=True skips the CUDA fast paths,"
-                          " LAB_CPU_KERNELS=0 the CPU kernels)")
-            self.attention_backend, self.graphs, self.cpu_decode_kernel = "sdpa", None, False
-            hidden = self._forward(ids, pos, ctx_lens, q_lens, tables)
+        for _ in range(len(FAST_PATHS) + 1):  # each fast path can fail (and be turned off) once
+            path = self._fast_path(q_lens, len(ids))
+            try:
+                hidden = self._forward(ids, pos, ctx_lens, q_lens, tables)
+                break
+            except Exception as err:
+                if path is None:
+                    raise
+                self._turn_off(path, err)
         if not last_rows:
             return hidden.new_empty(0, 0), []
         rows = torch.tensor(last_rows, device=self.device)
         logits = self.model.logits(hidden[0, rows]).float()  # padding rows cost their lm head too, then go
         self.last_hidden = hidden[0, rows[:num_real]]
         return logits[:num_real], sample_reqs
+
+    def _fast_path(self, q_lens: list[int], n: int) -> str | None:
+        """Which fast path this step takes (the one to blame if it fails), None for the plain eager path."""
+        if self.graphs is not None and max(q_lens) == 1 and self.graphs.can_run(n):
+            return "cuda_graphs"
+        if self.attention_backend == "flex":
+            return "flex"
+        if self.attention_backend == "sdpa" and self.cpu_decode_kernel and min(q_lens) <= MAX_KERNEL_QUERIES:
+            return "cpu_kernel"
+        return None
+
+    def _turn_off(self, path: str, err: Exception) -> None:
+        """A fast path failed on this machine: turn off that one only (the others keep running), say which and
+        why, and let the caller redo the step. Re-running is safe: K/V writes are idempotent (same values, same
+        slots)."""
+        self.fast_path_error = f"{path}: {type(err).__name__}: {err}"
+        self.fast_path_errors[path] = f"{type(err).__name__}: {err}"
+        if path == "cuda_graphs":
+            self.graphs = None
+        elif path == "flex":
+            self.attention_backend = "sdpa"
+            self.cpu_decode_kernel = False  # the CPU kernel was never chosen for this engine: keep it that way
+        else:
+            self.cpu_decode_kernel = False
+        on = [p for p, active in (("cuda_graphs", self.graphs is not None), ("flex", self.attention_backend == "flex"),
+                                  ("cpu_kernel", self.cpu_decode_kernel)) if active]
+        warnings.warn(f"fast path {path!r} failed ({type(err).__name__}: {err}); falling back to eager for it alone"
+                      f" (still on: {', '.join(on) or 'none'}). {FAST_PATHS[path]}")
 
     def _forward(self, ids: list[int], pos: list[int], ctx_lens: list[int], q_lens: list[int],
                  tables: list[list[int]]) -> torch.Tensor:
@@ -84,6 +120,9 @@ class ModelRunner:
 
     def _attention(self, tables: list[list[int]], ctx_lens: list[int], q_lens: list[int]):
         """The step's attention callable: mixed steps split into decode and prefill groups (split_attention)."""
+        if self.slot_mapping is not None:
+            meta = AttentionMetadata.build(tables, ctx_lens, q_lens, self.block_size, self.device, self.slot_mapping)
+            return PagedAttention(self.cache, meta)
         if self.attention_backend == "sdpa":
             if self.cpu_decode_kernel and min(q_lens) <= MAX_KERNEL_QUERIES:
                 return CpuDecodeAttention(self.cache, tables, ctx_lens, q_lens, self.block_size)

@@ -1,0 +1,201 @@
+"""The CUDA paths' logic, run on a CPU: graph capture/replay with a fake graph and stream, no host sync inside
+the captured decode forward, and fast paths that fall back one at a time."""
+from __future__ import annotations
+
+import contextlib
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from lab_utils import EngineConfig, LLMEngine, SamplingParams
+from lab_utils.engine.accel.cuda_graphs import DecodeGraphRunner
+from lab_utils.models.loader import load_model
+
+pytestmark = pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
+GREEDY = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return load_model("tiny-random", device="cpu", dtype=torch.float32)
+
+
+def _prompts(n: int, lengths: list[int]) -> list[list[int]]:
+    g = torch.Generator().manual_seed(0)
+    return [torch.randint(3, 200, (lengths[i % len(lengths)],), generator=g).tolist() for i in range(n)]
+
+
+class _FakeCuda:
+    """torch.cuda's graph API on a CPU. A capture records the addresses of the entry's static buffers; a replay
+    checks they did not move (a graph reads and writes fixed addresses), then recomputes into the captured
+    output in place, as a replay of the recorded kernels would."""
+
+    def __init__(self, runner: DecodeGraphRunner) -> None:
+        self.runner, self.captures, self.replays, self.capturing = runner, [], 0, None
+        self.eager_forward = runner._forward
+        runner._forward = self._forward
+
+    @staticmethod
+    def buffers(e) -> dict[str, int]:
+        m = e.meta
+        named = {"input_ids": e.input_ids, "positions": e.positions, "slot_mapping": m.slot_mapping,
+                 "context_slots": m.context_slots, "mask": m.mask}
+        return {k: t.data_ptr() for k, t in named.items()}
+
+    def _forward(self, e):
+        out = self.eager_forward(e)
+        if self.capturing is not None:
+            self.capturing.entry, self.capturing.ptrs = e, self.buffers(e)
+        return out
+
+    def install(self, monkeypatch) -> None:
+        fake = self
+
+        class Stream:
+            def __init__(self, *a, **k) -> None:
+                pass
+
+            def wait_stream(self, other) -> None:
+                pass
+
+        class Graph:
+            def __init__(self) -> None:
+                self.entry = self.ptrs = None
+                fake.captures.append(self)
+
+            def pool(self):
+                return "pool"
+
+            def replay(self) -> None:
+                e = self.entry
+                assert fake.buffers(e) == self.ptrs, "a static input buffer moved after capture"
+                out_ptr = e.hidden.data_ptr()
+                e.hidden.copy_(fake.eager_forward(e))
+                assert e.hidden.data_ptr() == out_ptr
+                fake.replays += 1
+
+        @contextlib.contextmanager
+        def graph(g, pool=None, **kw):
+            assert pool is None or pool == "pool", "every graph shares one memory pool"
+            fake.capturing = g
+            try:
+                yield g
+            finally:
+                fake.capturing = None
+
+        monkeypatch.setattr(torch.cuda, "CUDAGraph", Graph)
+        monkeypatch.setattr(torch.cuda, "graph", graph)
+        monkeypatch.setattr(torch.cuda, "Stream", Stream)
+        monkeypatch.setattr(torch.cuda, "stream", lambda s: contextlib.nullcontext())
+        monkeypatch.setattr(torch.cuda, "current_stream", lambda *a, **k: Stream())
+
+
+def _graph_engine(tiny, **cfg) -> LLMEngine:
+    eng = LLMEngine(tiny, EngineConfig(num_gpu_blocks=256, enable_prefix_caching=False, **cfg), device="cpu")
+    r = eng.runner
+    r.graphs = DecodeGraphRunner(r.model, r.cache, eng.block_size, eng.device, eng.config.max_num_seqs,
+                                 eng.max_model_len, capture=False)
+    r.cpu_decode_kernel = False
+    return eng
+
+
+def test_graph_replay_keeps_static_buffers_across_batch_and_context_buckets(tiny, monkeypatch):
+    prompts = _prompts(7, [30, 250, 120, 9])  # contexts cross 256 (-> 512); batch shrinks 7 -> 4 -> ... -> 1
+    params = [SamplingParams(max_tokens=m, temperature=0.0, ignore_eos=True) for m in (3, 20, 8, 14, 5, 11, 2)]
+    ref = LLMEngine(tiny, EngineConfig(num_gpu_blocks=256, enforce_eager=True), device="cpu").generate(prompts, params)
+    eng = _graph_engine(tiny, max_num_seqs=8)
+    fake = _FakeCuda(eng.runner.graphs)
+    fake.install(monkeypatch)
+    eng.runner.graphs.capture = True
+    got = eng.generate(prompts, params)
+    assert [o.token_ids for o in got] == [o.token_ids for o in ref]
+    keys = set(eng.runner.graphs.entries)
+    assert {b for b, _ in keys} >= {1, 2, 4, 8} and {L for _, L in keys} >= {256, 512}, keys
+    assert len(fake.captures) == len(keys) and all(e.graph is not None for e in eng.runner.graphs.entries.values())
+    assert fake.replays == eng.runner.graphs.num_replays > len(keys)
+    assert eng.runner.fast_path_error is None
+
+
+def test_fake_replay_catches_a_rebound_static_buffer(tiny, monkeypatch):
+    """Negative control: code that replaces a static buffer instead of copying into it is caught."""
+    eng = _graph_engine(tiny, max_num_seqs=2)
+    g = eng.runner.graphs
+    fake = _FakeCuda(g)
+    fake.install(monkeypatch)
+    g.capture = True
+    entry = g._entry
+    g._entry = lambda b, L: entry(b, L)
+    eng.generate(_prompts(1, [5]), SamplingParams(max_tokens=3, temperature=0.0, ignore_eos=True))
+    e = next(iter(g.entries.values()))
+    e.meta.mask = e.meta.mask.clone()  # what a careless edit would do
+    with pytest.raises(AssertionError, match="static input buffer moved"):
+        e.graph.replay()
+
+
+SYNC_OPS = ("_local_scalar_dense", "nonzero", "masked_select", "unique", "repeat_interleave.Tensor", "item")
+
+
+class NoHostSync(TorchDispatchMode):
+    """Fails on ops that make the host wait for the device (not allowed inside a CUDA graph capture)."""
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = str(func)
+        if any(op in name for op in SYNC_OPS) or (name.startswith("aten._to_copy") and (kwargs or {}).get("device")):
+            raise AssertionError(f"host sync inside the captured forward: {name}")
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("kv", ["auto", "int8", "fp8"])
+def test_captured_decode_forward_makes_no_host_sync(tiny, kv):
+    eng = _graph_engine(tiny, max_num_seqs=4, kv_cache_dtype=kv)
+    g = eng.runner.graphs
+    eng.generate(_prompts(3, [6, 17]), SamplingParams(max_tokens=3, temperature=0.0, ignore_eos=True))
+    assert g.entries
+    for e in g.entries.values():  # the very forward a capture records
+        with NoHostSync(), torch.inference_mode():
+            g._forward(e)
+
+
+def test_no_host_sync_mode_catches_an_item_call(tiny):
+    """Negative control for the mode above."""
+    with pytest.raises(AssertionError, match="host sync"), NoHostSync():
+        torch.ones(2).sum().item()
+
+
+def test_a_failing_flex_keeps_cuda_graphs_on(tiny, monkeypatch):
+    """Flex fails on prefill steps: only flex goes off; decode steps still replay graphs (and vice versa)."""
+    import lab_utils.engine.accel.flex_attention as fa
+
+    prompts = _prompts(3, [9, 14])
+    ref = LLMEngine(tiny, EngineConfig(num_gpu_blocks=256, enforce_eager=True), device="cpu").generate(prompts, GREEDY)
+    eng = _graph_engine(tiny, max_num_seqs=4)
+    eng.runner.attention_backend = "flex"
+
+    def broken(*a, **k):
+        raise RuntimeError("Triton: no C compiler")
+
+    monkeypatch.setattr(fa.FlexPagedAttention, "__init__", broken)
+    with pytest.warns(UserWarning, match=r"'flex' failed .*still on: cuda_graphs"):
+        got = eng.generate(prompts, GREEDY)
+    assert [o.token_ids for o in got] == [o.token_ids for o in ref]
+    r = eng.runner
+    assert r.attention_backend == "sdpa" and r.graphs is not None and r.graphs.entries  # decode steps ran through it
+    assert set(r.fast_path_errors) == {"flex"} and "no C compiler" in r.fast_path_error
+
+
+def test_a_failing_graph_keeps_flex_on(tiny):
+    prompts = _prompts(2, [9])
+    ref = LLMEngine(tiny, EngineConfig(num_gpu_blocks=256, enforce_eager=True), device="cpu").generate(prompts, GREEDY)
+    eng = _graph_engine(tiny, max_num_seqs=4)
+    eng.runner.attention_backend = "flex"
+
+    def broken(*a, **k):
+        raise RuntimeError("capture failed")
+
+    eng.runner.graphs.run = broken
+    with pytest.warns(UserWarning, match=r"'cuda_graphs' failed .*still on: flex"):
+        got = eng.generate(prompts, GREEDY)
+    assert [o.token_ids for o in got] == [o.token_ids for o in ref]
+    assert eng.runner.graphs is None and eng.runner.attention_backend == "flex"
+    assert set(eng.runner.fast_path_errors) == {"cuda_graphs"}
