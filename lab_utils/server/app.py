@@ -1,44 +1,61 @@
 """OpenAI-compatible endpoints: /v1/completions, /v1/chat/completions (SSE streaming or not), /v1/models,
-/health, /metrics. Bad requests get OpenAI-style errors: 400 bad JSON/fields/too long, 401 no key, 404 model."""
+/health, /metrics.
+
+Everything a request carries is checked before it reaches the engine, and a bad request gets an OpenAI-style
+error naming the field and the fix (docs/SERVER.md has the table): 400 bad JSON / field / token id / too long,
+401 no key, 404 model, 413 body too large, 503 queue full (with Retry-After) or engine unusable. A failure
+inside an engine step ends only the requests it belongs to, with a 500 that says why (see async_engine.py).
+"""
 from __future__ import annotations
 
 import json
 import time
 import uuid
-from typing import Literal
+from typing import Annotated, Literal
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
 from lab_utils.engine.engine import LLMEngine
-from lab_utils.engine.sampling_params import SamplingParams
-from lab_utils.server.async_engine import AsyncEngine
+from lab_utils.engine.sampling_params import MAX_STOP_STRINGS, SEED_RANGE, SamplingParams
+from lab_utils.server.async_engine import AsyncEngine, EngineDeadError, QueueFullError, Stream
+from lab_utils.server.guard import DEFAULT_MAX_BODY_BYTES, RequestGuard
 from lab_utils.server.metrics import ServerMetrics
+from lab_utils.server.stream_text import StreamText
+
+RETRY_AFTER_S = 1  # what a 503 "queue full" asks the client to wait
 
 
 class APIError(Exception):
-    def __init__(self, status: int, message: str, kind: str = "invalid_request_error") -> None:
+    def __init__(self, status: int, message: str, kind: str = "invalid_request_error", param: str | None = None,
+                 headers: dict[str, str] | None = None) -> None:
         super().__init__(message)
-        self.status, self.message, self.kind = status, message, kind
+        self.status, self.message, self.kind, self.param, self.headers = status, message, kind, param, headers
+
+
+# -- request bodies: one field per line, so new ones (response_format, tools, ...) are one line each ----------
+StopString = Annotated[str, StringConstraints(min_length=1, max_length=256)]
 
 
 class _Common(BaseModel):
+    model_config = ConfigDict(extra="ignore")  # OpenAI clients send fields this server does not use (user, ...)
+
     model: str
-    max_tokens: int | None = Field(default=None, ge=1)
-    temperature: float = Field(default=1.0, ge=0.0, le=2.0)
-    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
-    top_k: int = Field(default=0, ge=0)
-    seed: int | None = None
-    stop: str | list[str] | None = None
+    max_tokens: int | None = Field(default=None, ge=1, description="capped at the server's --max-tokens-cap")
+    temperature: float = Field(default=1.0, ge=0.0, le=2.0, allow_inf_nan=False)
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0, allow_inf_nan=False)
+    top_k: int = Field(default=0, ge=-1, description="0 or -1: off")
+    seed: int | None = Field(default=None, ge=SEED_RANGE[0], le=SEED_RANGE[1])
+    stop: StopString | Annotated[list[StopString], Field(max_length=MAX_STOP_STRINGS)] | None = None
     stream: bool = False
     ignore_eos: bool = False
-    n: int = Field(default=1, ge=1, le=1)
+    n: int = Field(default=1, ge=1, le=1, description="one choice per request")
 
 
 class CompletionRequest(_Common):
-    prompt: str | list[int]
+    prompt: Annotated[str, StringConstraints(min_length=1)] | Annotated[list[int], Field(min_length=1)]
 
 
 class ChatMessage(BaseModel):
@@ -51,61 +68,92 @@ class ChatRequest(_Common):
     max_completion_tokens: int | None = Field(default=None, ge=1)
 
 
-def create_app(engine: LLMEngine, model_name: str, max_tokens_cap: int = 1024, api_key: str | None = None) -> FastAPI:
+def create_app(engine: LLMEngine, model_name: str, max_tokens_cap: int = 1024, api_key: str | None = None,
+               max_waiting: int | None = 1024, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> FastAPI:
+    """The app over one engine. `max_waiting` bounds the queue (None: unbounded); `max_body_bytes` the body."""
     app = FastAPI(title="LLM Serving Lab server")
     engine.keep_history = False  # the server runs for days: no per-step timeline, no table of ended requests
-    aengine = AsyncEngine(engine)
+    aengine = AsyncEngine(engine, max_waiting=max_waiting)
     metrics = ServerMetrics(engine)
     aengine.on_output = metrics.observe
+    aengine.on_step_failure = metrics.step_failed
     app.state.engine, app.state.async_engine, app.state.metrics = engine, aengine, metrics
+    app.add_middleware(RequestGuard, api_key=api_key, max_body_bytes=max_body_bytes, on_reject=metrics.rejected)
 
     @app.on_event("shutdown")
     def _shutdown() -> None:
         aengine.shutdown()
 
-    def error(status: int, message: str, kind: str) -> JSONResponse:
-        return JSONResponse({"error": {"message": message, "type": kind, "code": status}}, status_code=status)
+    def error(status: int, message: str, kind: str, param: str | None = None,
+              headers: dict[str, str] | None = None) -> JSONResponse:
+        if status < 500 or status == 503:
+            metrics.rejected(status)
+        return JSONResponse({"error": {"message": message, "type": kind, "param": param, "code": status}},
+                            status_code=status, headers=headers)
 
     @app.exception_handler(APIError)
     async def _api_error(_: Request, exc: APIError):
-        return error(exc.status, exc.message, exc.kind)
+        return error(exc.status, exc.message, exc.kind, exc.param, exc.headers)
 
     @app.exception_handler(RequestValidationError)
     async def _bad_request(_: Request, exc: RequestValidationError):
-        parts = []
+        parts, params = [], []
         for e in exc.errors():
             where = ".".join(str(x) for x in e.get("loc", []) if x != "body")
+            params.append(where)
             parts.append(f"{where or 'body'}: {e.get('msg')}")
-        return error(400, "; ".join(parts) or "invalid request", "invalid_request_error")
-
-    @app.middleware("http")
-    async def _auth(request: Request, call_next):
-        if api_key and request.url.path.startswith("/v1/"):
-            if request.headers.get("authorization", "") != f"Bearer {api_key}":
-                return error(401, "missing or wrong API key: send 'Authorization: Bearer <key>'", "authentication_error")
-        return await call_next(request)
+        if any(e.get("type") == "json_invalid" for e in exc.errors()):
+            parts.append("send a JSON object as the body (Content-Type: application/json)")
+        return error(400, "; ".join(dict.fromkeys(parts)) or "invalid request", "invalid_request_error",
+                     params[0] if params else None)
 
     def check_model(name: str) -> None:
         if name != model_name:
-            raise APIError(404, f"model {name!r} does not exist; this server serves {model_name!r}", "not_found_error")
+            raise APIError(404, f"model {name!r} does not exist; this server serves {model_name!r}", "not_found_error",
+                           "model")
 
     def to_params(req: _Common, max_tokens: int | None) -> SamplingParams:
         stop = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
-        return SamplingParams(max_tokens=min(max_tokens or 16, max_tokens_cap), temperature=req.temperature,
-                              top_p=req.top_p, top_k=req.top_k, seed=req.seed, stop=stop, ignore_eos=req.ignore_eos)
+        try:
+            return SamplingParams(max_tokens=min(max_tokens or 16, max_tokens_cap), temperature=req.temperature,
+                                  top_p=req.top_p, top_k=max(req.top_k, 0), seed=req.seed, stop=stop,
+                                  ignore_eos=req.ignore_eos)
+        except ValueError as exc:  # "SamplingParams.<field>=<value> is invalid: must be ..."
+            message = str(exc).removeprefix("SamplingParams.")
+            raise APIError(400, message, param=message.split("=")[0]) from None
 
-    def check_length(prompt: str | list[int]) -> None:
-        n = len(prompt) if isinstance(prompt, list) else len(engine.tokenizer(prompt, add_special_tokens=False).input_ids)
-        if n == 0:
-            raise APIError(400, "the prompt is empty", "invalid_request_error")
-        if n >= engine.max_model_len:
-            raise APIError(400, f"the prompt has {n} tokens but this model's context is {engine.max_model_len} tokens "
-                                f"(prompt + at least one output token must fit)", "invalid_request_error")
+    def token_ids(prompt: str | list[int]) -> list[int]:
+        """Text -> ids (once, here); ids are checked by the engine's add_request."""
+        if isinstance(prompt, list):
+            return prompt
+        try:
+            return engine.tokenizer(prompt, add_special_tokens=False).input_ids
+        except (TypeError, ValueError, UnicodeError) as exc:
+            raise APIError(400, f"the prompt cannot be tokenized ({type(exc).__name__}): send valid UTF-8 text "
+                                f"(no lone surrogates such as \\ud800)", param="prompt") from None
+
+    def submit(ids: list[int], params: SamplingParams, param: str) -> Stream:
+        """Check the request against this engine and queue it; every refusal is an HTTP error, sent before any
+        response has started."""
+        if not ids:
+            raise APIError(400, "the prompt is empty: give at least one token", param=param)
+        why = engine.check_request(len(ids), params)
+        if why:
+            raise APIError(400, why, param=param)
+        try:
+            return aengine.add(ids, params)
+        except ValueError as exc:  # the engine's own checks: token ids outside the vocabulary, ...
+            raise APIError(400, str(exc), param=param) from None
+        except QueueFullError as exc:
+            raise APIError(503, str(exc), "server_busy", headers={"Retry-After": str(RETRY_AFTER_S)}) from None
+        except EngineDeadError as exc:
+            raise APIError(503, str(exc), "server_error") from None
 
     @app.get("/health")
     async def health():
         if aengine.error is not None:
-            return error(500, f"engine failed: {aengine.error}", "server_error")
+            return JSONResponse({"error": {"message": f"engine failed: {aengine.error}", "type": "server_error",
+                                           "param": None, "code": 500}}, status_code=500)
         return {"status": "ok"}
 
     @app.get("/metrics")
@@ -117,38 +165,49 @@ def create_app(engine: LLMEngine, model_name: str, max_tokens_cap: int = 1024, a
         return {"object": "list", "data": [{"id": model_name, "object": "model", "owned_by": "lab_utils",
                                             "max_model_len": engine.max_model_len}]}
 
-    async def run(prompt, params, kind: str, rid: str, created: int):
-        """Yield SSE lines (streaming) in OpenAI's chunk format."""
-        sent = ""
-        async for out in aengine.generate(prompt, params):
-            text = engine.tokenizer.decode(out.token_ids, skip_special_tokens=True)
-            if out.finished:
-                text = out.text
-            delta, sent = text[len(sent):], text if text.startswith(sent) else sent
-            if kind == "chat":
-                choice = {"index": 0, "delta": {"content": delta}, "finish_reason": None}
-            else:
-                choice = {"index": 0, "text": delta, "finish_reason": None}
-            choice["token_ids"] = out.new_token_ids  # as vLLM's return_token_ids: exact token accounting
-            if out.finished:
-                choice["finish_reason"] = _finish(out.finish_reason)
-            obj = "chat.completion.chunk" if kind == "chat" else "text_completion"
-            chunk = {"id": rid, "object": obj, "created": created, "model": model_name, "choices": [choice]}
-            if out.finished:
-                chunk["usage"] = _usage(out)
-            yield f"data: {json.dumps(chunk)}\n\n"
+    async def sse(stream: Stream, stops: list[str], kind: str, rid: str, created: int):
+        """Yield SSE lines in OpenAI's chunk format; the chunks' text adds up to the non-streamed text."""
+        text = StreamText(engine.tokenizer, stops)
+        obj = "chat.completion.chunk" if kind == "chat" else "text_completion"
+        try:
+            async for out in aengine.outputs(stream):
+                if out.finished and out.finish_reason and out.finish_reason.startswith("error"):
+                    failure = {"message": out.finish_reason, "type": "server_error", "param": None, "code": 500}
+                    yield f"data: {json.dumps({'error': failure})}\n\n"
+                    break
+                delta = text.delta(out.new_token_ids)
+                if out.finished:
+                    delta += text.final(out.text)
+                if kind == "chat":
+                    choice = {"index": 0, "delta": {"content": delta}, "finish_reason": None}
+                else:
+                    choice = {"index": 0, "text": delta, "finish_reason": None}
+                choice["token_ids"] = out.new_token_ids  # as vLLM's return_token_ids: exact token accounting
+                if out.finished:
+                    choice["finish_reason"] = _finish(out.finish_reason)
+                chunk = {"id": rid, "object": obj, "created": created, "model": model_name, "choices": [choice]}
+                if out.finished:
+                    chunk["usage"] = _usage(out)
+                yield f"data: {json.dumps(chunk)}\n\n"
+        except EngineDeadError as exc:
+            yield f"data: {json.dumps({'error': {'message': str(exc), 'type': 'server_error', 'code': 500}})}\n\n"
         yield "data: [DONE]\n\n"
 
-    async def complete(prompt, params, kind: str, stream: bool):
-        check_length(prompt)
+    async def complete(ids: list[int], params: SamplingParams, kind: str, stream: bool, param: str):
+        handle = submit(ids, params, param)
         rid, created = f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{uuid.uuid4().hex[:16]}", int(time.time())
         if stream:
-            return StreamingResponse(run(prompt, params, kind, rid, created), media_type="text/event-stream")
+            return StreamingResponse(sse(handle, params.stop, kind, rid, created), media_type="text/event-stream")
         final = None
-        async for out in aengine.generate(prompt, params):
-            final = out
+        try:
+            async for out in aengine.outputs(handle):
+                final = out
+        except EngineDeadError as exc:
+            raise APIError(500, str(exc), "server_error") from None
+        if final.finish_reason and final.finish_reason.startswith("error"):
+            raise APIError(500, final.finish_reason, "server_error")
         if final.finish_reason and final.finish_reason.startswith("rejected"):
-            raise APIError(400, final.finish_reason, "invalid_request_error")
+            raise APIError(400, final.finish_reason, param=param)
         if kind == "chat":
             choice = {"index": 0, "message": {"role": "assistant", "content": final.text},
                       "finish_reason": _finish(final.finish_reason)}
@@ -162,14 +221,20 @@ def create_app(engine: LLMEngine, model_name: str, max_tokens_cap: int = 1024, a
     @app.post("/v1/completions")
     async def completions(req: CompletionRequest):
         check_model(req.model)
-        return await complete(req.prompt, to_params(req, req.max_tokens), "text", req.stream)
+        params = to_params(req, req.max_tokens)
+        return await complete(token_ids(req.prompt), params, "text", req.stream, "prompt")
 
     @app.post("/v1/chat/completions")
     async def chat(req: ChatRequest):
         check_model(req.model)
+        params = to_params(req, req.max_completion_tokens or req.max_tokens)
         msgs = [m.model_dump() for m in req.messages]
-        prompt = engine.tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
-        return await complete(prompt, to_params(req, req.max_completion_tokens or req.max_tokens), "chat", req.stream)
+        try:
+            prompt = engine.tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
+        except Exception as exc:  # noqa: BLE001 - a template that refuses these messages is the client's problem
+            raise APIError(400, f"the chat template refused these messages ({type(exc).__name__}: {exc}); check "
+                                f"the roles' order and the contents' text", param="messages") from None
+        return await complete(token_ids(prompt), params, "chat", req.stream, "messages")
 
     return app
 

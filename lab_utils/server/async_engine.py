@@ -3,88 +3,201 @@
 The engine is plain synchronous code; the server is async. One lock serialises them: the loop thread holds it
 for one step at a time, and add/abort take it between steps. A client that goes away aborts its request, which
 frees its KV blocks at once.
+
+A step that raises belongs to some request, not to the server. The requests the failing step held are the
+suspects: a lone suspect is ended with an error (its client gets a 500 that says why); several suspects lose
+their KV and go to probation, from where they rejoin one at a time (each is cleared by its next token), so the
+culprit is found alone while everyone else keeps being served. A request in three failed steps is ended too.
+Only a step that fails with no request to blame, or `max_consecutive_failures` failed steps in a row, marks
+the engine unusable (`error` is set: /health answers 500, new requests 503).
 """
 from __future__ import annotations
 
 import asyncio
 import itertools
+import logging
 import threading
+from collections import deque
 from dataclasses import dataclass
 
 from lab_utils.engine.engine import LLMEngine
-from lab_utils.engine.request import RequestOutput
+from lab_utils.engine.request import Request, RequestOutput, Status
 from lab_utils.engine.sampling_params import SamplingParams
+
+log = logging.getLogger(__name__)
+MAX_STRIKES = 3  # failed steps a request may take part in before it is ended as the likely cause
+
+
+class QueueFullError(RuntimeError):
+    """The waiting queue is at its bound: try again later (HTTP 503 + Retry-After)."""
+
+
+class EngineDeadError(RuntimeError):
+    """The engine itself failed; it serves nobody until the server restarts."""
 
 
 @dataclass
-class _Stream:
+class Stream:
+    """One request's queue of outputs, filled by the engine thread (what `add()` returns)."""
+
+    request_id: str
     queue: asyncio.Queue
     loop: asyncio.AbstractEventLoop
 
 
 class AsyncEngine:
-    def __init__(self, engine: LLMEngine) -> None:
+    def __init__(self, engine: LLMEngine, max_waiting: int | None = None, max_consecutive_failures: int = 8) -> None:
         self.engine = engine
+        self.max_waiting = max_waiting
+        self.max_consecutive_failures = max_consecutive_failures
         self._lock = threading.Lock()
         self._wake = threading.Event()
-        self._streams: dict[str, _Stream] = {}
+        self._streams: dict[str, Stream] = {}
         self._ids = itertools.count()
         self._stop = False
         self.on_output = None  # callback(RequestOutput) for metrics
-        self.error: BaseException | None = None
+        self.on_step_failure = None  # callback(number of requests ended by it) for metrics
+        self.error: BaseException | None = None  # set only when the engine itself is unusable
+        self.num_step_failures = 0
+        self.num_failed_requests = 0
+        self._consecutive_failures = 0
+        self._strikes: dict[str, int] = {}
+        self._probation: deque[Request] = deque()
+        self._probe: Request | None = None
         self._thread = threading.Thread(target=self._loop, name="engine-loop", daemon=True)
         self._thread.start()
 
+    @property
+    def num_waiting(self) -> int:
+        return len(self.engine.scheduler.waiting) + len(self._probation)
+
     def _loop(self) -> None:
-        while not self._stop:
+        while not self._stop and self.error is None:
+            outputs: list[RequestOutput] = []
             with self._lock:
+                self._admit_probe()
                 busy = self.engine.has_unfinished()
-                outputs = []
                 if busy:
+                    pending = list(self.engine._pending_outputs)  # step() takes these first; keep them on failure
                     try:
                         outputs = self.engine.step()
-                    except BaseException as exc:  # fail every waiting client loudly rather than hang them
-                        self.error = exc
-                        outputs = []
-                        for rid in list(self._streams):
-                            self.engine.abort(rid)
+                        self._consecutive_failures = 0
+                    except Exception as exc:  # noqa: BLE001 - any failure is isolated, then reported
+                        outputs = pending + self._isolate(exc)
+                    except BaseException as exc:
+                        self._die(exc)
             for out in outputs:
-                if self.on_output is not None:
-                    self.on_output(out)
-                stream = self._streams.get(out.request_id)
-                if stream is not None:
-                    stream.loop.call_soon_threadsafe(stream.queue.put_nowait, out)
-                    if out.finished:
-                        self._streams.pop(out.request_id, None)
+                self._deliver(out)
             if self.error is not None:
-                for rid, stream in list(self._streams.items()):
-                    stream.loop.call_soon_threadsafe(stream.queue.put_nowait, self.error)
+                for stream in list(self._streams.values()):
+                    try:
+                        stream.loop.call_soon_threadsafe(stream.queue.put_nowait, self.error)
+                    except RuntimeError:
+                        pass
                 self._streams.clear()
             if not busy:
                 self._wake.wait(0.05)
                 self._wake.clear()
 
-    async def generate(self, prompt: str | list[int], params: SamplingParams):
-        """Async iterator of RequestOutput for one request; aborts it if the consumer stops early."""
+    def _deliver(self, out: RequestOutput) -> None:
+        if self._probe is not None and out.request_id == self._probe.request_id and (out.new_token_ids or out.finished):
+            self._probe = None  # it ran a step of its own and produced a token: cleared
+        if out.finished:
+            self._strikes.pop(out.request_id, None)
+        if self.on_output is not None:
+            self.on_output(out)
+        stream = self._streams.get(out.request_id)
+        if stream is not None:
+            if out.finished:
+                self._streams.pop(out.request_id, None)
+            try:
+                stream.loop.call_soon_threadsafe(stream.queue.put_nowait, out)
+            except RuntimeError:  # the consumer's event loop is closed: nobody reads this request any more
+                self.abort(out.request_id)
+
+    # -- failure isolation (called with the lock held) ---------------------------------------------
+    def _isolate(self, exc: Exception) -> list[RequestOutput]:
+        """A step raised: end or set aside the requests it held; return the outputs that ends them."""
+        self.num_step_failures += 1
+        self._consecutive_failures += 1
+        sched = self.engine.scheduler
+        suspects = [r for r in sched.running if not r.status.done] or list(sched.waiting)[:1]
+        log.error("engine step failed (%d suspects): %r", len(suspects), exc, exc_info=exc)
+        if not suspects or self._consecutive_failures >= self.max_consecutive_failures:
+            self._die(exc)
+            return []
+        why = f"error: the engine failed on this request ({type(exc).__name__}: {exc})"
+        ended = 0
+        for req in suspects:
+            strikes = self._strikes[req.request_id] = self._strikes.get(req.request_id, 0) + 1
+            if len(suspects) == 1 or strikes >= MAX_STRIKES:
+                self.engine.abort(req.request_id, reason=why)
+                ended += 1
+            else:
+                _set_aside(self.engine, req)
+                self._probation.append(req)
+            if self._probe is req:
+                self._probe = None
+        self.num_failed_requests += ended
+        if self.on_step_failure is not None:
+            self.on_step_failure(ended)
+        outputs, self.engine._pending_outputs = self.engine._pending_outputs, []
+        return outputs
+
+    def _admit_probe(self) -> None:
+        """Let the next request on probation rejoin the scheduler once the previous one is cleared."""
+        if self._probe is not None and self._probe.status.done:
+            self._probe = None
+        while self._probe is None and self._probation:
+            req = self._probation.popleft()
+            if not req.status.done:  # its client may have left meanwhile
+                self.engine.scheduler.waiting.appendleft(req)
+                self._probe = req
+
+    def _die(self, exc: BaseException) -> None:
+        self.error = exc
+        for rid in list(self._streams):
+            self.engine.abort(rid, reason=f"error: the engine failed ({type(exc).__name__}: {exc})")
+
+    # -- the async side ------------------------------------------------------------------------------
+    def add(self, prompt: str | list[int], params: SamplingParams) -> Stream:
+        """Queue a request now (call from the event loop); returns its stream for `outputs()`. Raises ValueError
+        (a bad request, said by the engine), QueueFullError or EngineDeadError, all before anything is sent."""
+        if self.error is not None:
+            raise EngineDeadError(f"the engine failed and serves nobody until a restart: {self.error}")
         rid = f"req-{next(self._ids)}"
-        stream = _Stream(asyncio.Queue(), asyncio.get_running_loop())
-        self._streams[rid] = stream
+        stream = Stream(rid, asyncio.Queue(), asyncio.get_running_loop())
         with self._lock:
+            if self.error is not None:
+                raise EngineDeadError(f"the engine failed and serves nobody until a restart: {self.error}")
+            if self.max_waiting is not None and self.num_waiting >= self.max_waiting:
+                raise QueueFullError(f"{self.num_waiting} requests are already waiting (max_waiting="
+                                     f"{self.max_waiting}); retry later")
             self.engine.add_request(prompt, params, request_id=rid)
+            self._streams[rid] = stream
         self._wake.set()
+        return stream
+
+    async def outputs(self, stream: Stream):
+        """Async iterator of RequestOutput for a request from `add()`; aborts it if the consumer stops early."""
         finished = False
         try:
             while True:
                 item = await stream.queue.get()
                 if isinstance(item, BaseException):
-                    raise RuntimeError(f"engine failed: {item}") from item
+                    raise EngineDeadError(f"the engine failed: {item}") from item
                 finished = item.finished
                 yield item
                 if finished:
                     return
         finally:
             if not finished:
-                self.abort(rid)
+                self.abort(stream.request_id)
+
+    async def generate(self, prompt: str | list[int], params: SamplingParams):
+        """add() + outputs() in one async iterator."""
+        async for out in self.outputs(self.add(prompt, params)):
+            yield out
 
     def abort(self, request_id: str) -> None:
         self._streams.pop(request_id, None)
@@ -95,3 +208,17 @@ class AsyncEngine:
         self._stop = True
         self._wake.set()
         self._thread.join(timeout=10)
+
+
+def _set_aside(engine: LLMEngine, req: Request) -> None:
+    """Take a running request out of the scheduler and drop its KV (it is recomputed when it rejoins, as after
+    a recompute preemption): the failed step may have left its cache half-written."""
+    sched = engine.scheduler
+    if req in sched.running:
+        sched.running.remove(req)
+    elif req in sched.waiting:
+        sched.waiting.remove(req)
+    engine.block_manager.free(req)
+    req.swapped_kv = None
+    req.num_computed_tokens = 0
+    req.status = Status.WAITING

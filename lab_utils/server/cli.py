@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 
 from lab_utils.engine.cli import add_engine_args, engine_config_from_args, torch_dtype
+from lab_utils.server.guard import DEFAULT_MAX_BODY_BYTES
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -14,6 +15,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on /v1/*")
     p.add_argument("--max-tokens-cap", type=int, default=1024, help="largest max_tokens a request may get")
+    p.add_argument("--max-waiting", type=int, default=1024,
+                   help="requests that may wait for the engine; more get 503 with Retry-After (0: no bound)")
+    p.add_argument("--max-body-bytes", type=int, default=DEFAULT_MAX_BODY_BYTES,
+                   help="largest request body; larger ones get 413")
     p.set_defaults(func=serve)
 
 
@@ -24,7 +29,8 @@ def serve(args: argparse.Namespace) -> int:
     from lab_utils.server.app import create_app
 
     engine = LLMEngine(args.model, engine_config_from_args(args), device=args.device, dtype=torch_dtype(args.dtype))
-    app = create_app(engine, args.served_model_name or args.model, args.max_tokens_cap, args.api_key)
+    app = create_app(engine, args.served_model_name or args.model, args.max_tokens_cap, args.api_key,
+                     max_waiting=args.max_waiting or None, max_body_bytes=args.max_body_bytes)
     print(f"serving {args.model} on http://{args.host}:{args.port}/v1", flush=True)
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
     return 0

@@ -24,7 +24,20 @@ class ServerMetrics:
         self.kv_usage = Gauge("lab:kv_cache_usage_perc", "Share of KV blocks in use", registry=r)
         self.preemptions = Gauge("lab:num_preemptions", "Preemptions so far", registry=r)
         self.prefix_hit = Gauge("lab:prefix_cache_hit_rate", "Prefix cache hit rate (prompt tokens)", registry=r)
+        self.step_failures = Counter("lab:engine_step_failures", "Engine steps that raised (isolated, see "
+                                     "lab:request_failures)", registry=r)
+        self.request_failures = Counter("lab:request_failures", "Requests ended by a failed engine step (HTTP 500)",
+                                        registry=r)
+        self.rejections = Counter("lab:requests_rejected", "Requests refused before the engine (4xx, 503)",
+                                  ["status"], registry=r)
         self._seen_tokens: dict[str, int] = {}
+
+    def step_failed(self, num_requests_ended: int) -> None:
+        self.step_failures.inc()
+        self.request_failures.inc(num_requests_ended)
+
+    def rejected(self, status: int) -> None:
+        self.rejections.labels(str(status)).inc()
 
     def observe(self, out: RequestOutput) -> None:
         """Called from the engine loop for every output."""

@@ -1,0 +1,71 @@
+"""The server's gate, as plain ASGI: the API key (compared in constant time) and a bound on the request body.
+
+Both are checked before any endpoint runs, so a stranger or an oversized body costs nothing beyond reading
+at most `max_body_bytes`. A pure ASGI middleware (not Starlette's BaseHTTPMiddleware) leaves streaming
+responses and client-disconnect detection as they are.
+"""
+from __future__ import annotations
+
+import hmac
+import json
+from typing import Callable
+
+DEFAULT_MAX_BODY_BYTES = 1 << 20  # 1 MiB: a full 8k-token prompt as ids is ~60 kB of JSON
+
+
+def error_body(status: int, message: str, kind: str, param: str | None = None) -> bytes:
+    """OpenAI's error object: {"error": {"message", "type", "param", "code"}}."""
+    return json.dumps({"error": {"message": message, "type": kind, "param": param, "code": status}}).encode()
+
+
+def key_matches(header: bytes, api_key: str) -> bool:
+    """`Authorization: Bearer <key>`, compared with hmac.compare_digest (time does not depend on where they differ)."""
+    return hmac.compare_digest(header, b"Bearer " + api_key.encode())
+
+
+class RequestGuard:
+    def __init__(self, app, api_key: str | None = None, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+                 on_reject: Callable[[int], None] | None = None) -> None:
+        self.app, self.api_key, self.max_body_bytes, self.on_reject = app, api_key, max_body_bytes, on_reject
+
+    async def _reply(self, send, status: int, message: str, kind: str, headers: list | None = None) -> None:
+        if self.on_reject is not None:
+            self.on_reject(status)
+        body = error_body(status, message, kind)
+        await send({"type": "http.response.start", "status": status,
+                    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+                                *(headers or [])]})
+        await send({"type": "http.response.body", "body": body})
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        headers = dict(scope.get("headers") or [])
+        if self.api_key and scope["path"].startswith("/v1/"):
+            if not key_matches(headers.get(b"authorization", b""), self.api_key):
+                return await self._reply(send, 401, "missing or wrong API key: send 'Authorization: Bearer <key>'",
+                                         "authentication_error", [(b"www-authenticate", b"Bearer")])
+        too_big = (f"the request body is larger than this server's limit of {self.max_body_bytes} bytes "
+                   f"(--max-body-bytes): send a shorter prompt")
+        length = headers.get(b"content-length")
+        if length is not None and (not length.isdigit() or int(length) > self.max_body_bytes):
+            return await self._reply(send, 413, too_big, "invalid_request_error")
+        body, more = b"", True  # read the body here (bounded), then hand it on in one piece
+        while more:
+            message = await receive()
+            if message["type"] != "http.request":
+                return  # the client left before sending its body
+            body += message.get("body", b"")
+            more = message.get("more_body", False)
+            if len(body) > self.max_body_bytes:
+                return await self._reply(send, 413, too_big, "invalid_request_error")
+        replayed = False
+
+        async def replay():
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()  # later calls: disconnect detection while streaming
+
+        await self.app(scope, replay, send)
