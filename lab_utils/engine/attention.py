@@ -17,6 +17,18 @@ import torch.nn.functional as F
 from lab_utils.engine.kv_cache import KVCache
 
 
+def slot_mapping(block_tables: list[list[int]], context_lens: list[int], query_lens: list[int],
+                 block_size: int) -> list[int]:
+    """The cache slot of every token this step computes, in step order: sequence i's new tokens are its
+    positions context_lens[i] - query_lens[i] .. context_lens[i] - 1, and position p lives in block
+    block_tables[i][p // block_size] at offset p % block_size."""
+    slots = []
+    for table, ctx, qlen in zip(block_tables, context_lens, query_lens):
+        for p in range(ctx - qlen, ctx):
+            slots.append(table[p // block_size] * block_size + p % block_size)
+    return slots
+
+
 def gather_blocks(cache: torch.Tensor, block_table: list[int], context_len: int, block_size: int) -> torch.Tensor:
     """cache [num_slots, Hkv, D] -> this sequence's first `context_len` tokens [context_len, Hkv, D]."""
     slots = [b * block_size + o for b in block_table for o in range(block_size)][:context_len]
@@ -56,7 +68,8 @@ class AttentionMetadata:
 
     @classmethod
     def build(cls, block_tables: list[list[int]], context_lens: list[int], query_lens: list[int],
-              block_size: int, device: torch.device) -> "AttentionMetadata":
+              block_size: int, device: torch.device, slots_fn=None) -> "AttentionMetadata":
+        """`slots_fn`: a learner's `slot_mapping` (lab 02) in place of the vectorised one below."""
         B, Q, L = len(context_lens), max(query_lens), max(context_lens)
         nblk = max(len(t) for t in block_tables)
         tables = torch.tensor([t + [0] * (nblk - len(t)) for t in block_tables], dtype=torch.long)
@@ -70,7 +83,12 @@ class AttentionMetadata:
         starts = torch.cumsum(qlen, 0) - qlen
         query_index = torch.where(valid_q, starts[:, None] + j[None, :], torch.zeros_like(qpos))
         b_idx, j_idx = valid_q.nonzero(as_tuple=True)
-        slot_mapping = all_slots[b_idx, qpos[b_idx, j_idx]]
+        if slots_fn is None:
+            slot_mapping = all_slots[b_idx, qpos[b_idx, j_idx]]
+        else:
+            slot_mapping = _checked_slots(slots_fn(block_tables, context_lens, query_lens, block_size),
+                                          all_slots[b_idx, qpos[b_idx, j_idx]], block_tables, context_lens,
+                                          query_lens)
         mask = (torch.arange(L)[None, None, :] <= qpos[:, :, None]).unsqueeze(1)
         return cls(
             slot_mapping=slot_mapping.to(device),
@@ -80,6 +98,26 @@ class AttentionMetadata:
             mask=mask.to(device),
             decode_only=Q == 1,
         )
+
+
+def _checked_slots(slots, expected: torch.Tensor, block_tables, context_lens, query_lens) -> torch.Tensor:
+    """A learner's slot mapping, refused (with the first wrong slot) before any K/V is written to a wrong place."""
+    from lab_utils.engine.parts import LearnerPartError
+
+    got = torch.as_tensor(list(slots), dtype=torch.long)
+    if got.shape != expected.shape:
+        raise LearnerPartError(f"your attention.slot_mapping returned {got.numel()} slots for a step that computes "
+                               f"{expected.numel()} tokens (query_lens={list(query_lens)})")
+    bad = (got != expected).nonzero()
+    if len(bad):
+        n = int(bad[0])
+        seq = next(i for i, c in enumerate(torch.tensor(query_lens).cumsum(0).tolist()) if n < c)
+        pos = context_lens[seq] - query_lens[seq] + n - sum(query_lens[:seq])
+        raise LearnerPartError(
+            f"your attention.slot_mapping put token {n} of the step (sequence {seq}, position {pos}, block table "
+            f"{block_tables[seq][:8]}{'...' if len(block_tables[seq]) > 8 else ''}) in slot {int(got[n])}; it "
+            f"belongs in slot {int(expected[n])}: that sequence's K/V would overwrite another token's")
+    return got
 
 
 class PagedAttention:

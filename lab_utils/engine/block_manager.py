@@ -55,39 +55,69 @@ class BlockManager:
     def blocks_needed(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
 
-    # -- prefix cache -----------------------------------------------------------------------------
-    def _full_block_hashes(self, token_ids: list[int], n_blocks: int) -> list[tuple[int, tuple[int, ...]]]:
-        out, parent = [], None
-        for i in range(n_blocks):
-            ids = tuple(token_ids[i * self.block_size:(i + 1) * self.block_size])
-            parent = block_hash(parent, ids)
-            out.append((parent, ids))
-        return out
+    # -- prefix cache (lab 04) ------------------------------------------------------------------
+    def hash_block(self, parent_hash: int | None, token_ids: tuple[int, ...]) -> int:
+        """A full block's name: its parent's name and its own token ids, so equal names mean equal prefixes."""
+        return block_hash(parent_hash, token_ids)
 
     def match_prefix(self, req: Request) -> list[int]:
         """Physical blocks already holding this prompt's leading full blocks. At least one prompt token is
         always left to compute, because the step that computes it produces the logits we sample from."""
         if not self.enable_prefix_caching:
             return []
-        max_blocks = (req.num_prompt_tokens - 1) // self.block_size
-        hits = []
-        for h, ids in self._full_block_hashes(req.prompt_token_ids, max_blocks):
-            bid = self.hash_to_block.get(h)
+        hits, parent = [], None
+        for i in range((req.num_prompt_tokens - 1) // self.block_size):
+            ids = tuple(req.prompt_token_ids[i * self.block_size:(i + 1) * self.block_size])
+            parent = self.hash_block(parent, ids)
+            bid = self.hash_to_block.get(parent)
             if bid is None or self.blocks[bid].token_ids != ids:  # a collision is a miss, never a wrong hit
                 break
             hits.append(bid)
         return hits
 
-    # -- allocation -------------------------------------------------------------------------------
-    def _take_free_block(self) -> int:
-        if self.free_ids:
-            bid = self.free_ids.pop()
+    def recycle(self, bid: int) -> None:
+        """A block nobody references any more: keep it (LRU order) while it holds a named prefix, else free it."""
+        blk = self.blocks[bid]
+        if blk.hash is not None and self.hash_to_block.get(blk.hash) == bid:
+            self.evictable[bid] = None  # newest at the end: evict() takes from the front
         else:
-            bid, _ = self.evictable.popitem(last=False)  # evict the least recently used cached block
-            blk = self.blocks[bid]
-            if self.hash_to_block.get(blk.hash) == bid:
-                del self.hash_to_block[blk.hash]
             blk.hash, blk.token_ids = None, ()
+            self.free_ids.append(bid)
+
+    def evict(self) -> int:
+        """Take the least recently used cached block out of the cache; returns its id (now unnamed)."""
+        bid, _ = self.evictable.popitem(last=False)
+        blk = self.blocks[bid]
+        if self.hash_to_block.get(blk.hash) == bid:
+            del self.hash_to_block[blk.hash]
+        blk.hash, blk.token_ids = None, ()
+        return bid
+
+    def commit_full_blocks(self, req: Request) -> None:
+        """Name every block that just became full (its tokens are computed), so later prompts can reuse it."""
+        if not self.enable_prefix_caching:
+            return
+        n_full = min(req.num_computed_tokens, req.num_tokens) // self.block_size
+        hashes = req.block_hashes  # computed once per block over the request's life
+        while len(hashes) < n_full:
+            i = len(hashes)
+            ids = tuple(req.token_ids[i * self.block_size:(i + 1) * self.block_size])
+            hashes.append((self.hash_block(hashes[-1][0] if hashes else None, ids), ids))
+        for i in range(n_full):
+            blk = self.blocks[req.block_table[i]]
+            if blk.hash is None:
+                blk.hash, blk.token_ids = hashes[i]
+                self.hash_to_block.setdefault(blk.hash, blk.block_id)
+
+    # -- allocation (lab 02) ----------------------------------------------------------------------
+    def take_block(self) -> int:
+        """A block for new tokens: a free one, else the least recently used cached one. Its ref count is 1."""
+        bid = self.free_ids.pop() if self.free_ids else self.evict()
+        if self.blocks[bid].ref_count != 0:
+            from lab_utils.engine.parts import LearnerPartError
+
+            raise LearnerPartError(f"block {bid} was handed out while {self.blocks[bid].ref_count} reference(s) "
+                                   f"still use it: only blocks with ref_count 0 may be reused or evicted")
         self.blocks[bid].ref_count = 1
         return bid
 
@@ -125,48 +155,29 @@ class BlockManager:
         need = self.blocks_needed(num_tokens) - len(req.block_table)
         if need > self.num_free_blocks:
             return False
-        for _ in range(max(need, 0)):
-            req.block_table.append(self._take_free_block())
+        for _ in range(need):
+            req.block_table.append(self.take_block())
         return True
 
-    def commit_full_blocks(self, req: Request) -> None:
-        """Name every block that just became full (its tokens are computed), so later prompts can reuse it."""
-        if not self.enable_prefix_caching:
-            return
-        n_full = min(req.num_computed_tokens, req.num_tokens) // self.block_size
-        hashes = req.block_hashes  # computed once per block over the request's life
-        while len(hashes) < n_full:
-            i = len(hashes)
-            ids = tuple(req.token_ids[i * self.block_size:(i + 1) * self.block_size])
-            hashes.append((block_hash(hashes[-1][0] if hashes else None, ids), ids))
-        for i in range(n_full):
-            blk = self.blocks[req.block_table[i]]
-            if blk.hash is None:
-                blk.hash, blk.token_ids = hashes[i]
-                self.hash_to_block.setdefault(blk.hash, blk.block_id)
-
-    def _release(self, bid: int) -> None:
+    def release(self, bid: int) -> None:
+        """Drop one reference to a block; the last one hands it to `recycle` (cached or free)."""
         blk = self.blocks[bid]
         blk.ref_count -= 1
         assert blk.ref_count >= 0, f"block {bid} freed twice"
         if blk.ref_count == 0:
-            if blk.hash is not None and self.hash_to_block.get(blk.hash) == bid:
-                self.evictable[bid] = None
-            else:
-                blk.hash, blk.token_ids = None, ()
-                self.free_ids.append(bid)
+            self.recycle(bid)
 
     def free(self, req: Request) -> None:
         """Drop the request's references (last block first, so a prompt's head stays cached longest)."""
         for bid in reversed(req.block_table):
-            self._release(bid)
+            self.release(bid)
         req.block_table = []
 
     def trim(self, req: Request, num_tokens: int) -> None:
         """Give back the blocks past the first `num_tokens` tokens (speculative decoding's rollback)."""
         keep = self.blocks_needed(num_tokens)
         for bid in reversed(req.block_table[keep:]):
-            self._release(bid)
+            self.release(bid)
         del req.block_table[keep:]
 
     # -- checks -----------------------------------------------------------------------------------

@@ -295,6 +295,38 @@ class LLMEngine:
         return RequestOutput(req.request_id, req.prompt, req.prompt_token_ids, req.output_token_ids, text,
                              finished, req.finish_reason, req.metrics, req.num_cached_tokens, new or [])
 
+    # -- warm-up ------------------------------------------------------------------------------------
+    def can_warm_up(self) -> bool:
+        """True while no KV block is in use or cached (warm-up's dummy steps write into the pool)."""
+        bm = self.block_manager
+        return not self.scheduler.has_work() and bm.num_free_blocks == bm.num_blocks and not bm.num_cached_blocks
+
+    def warmup(self, max_batch: int | None = None, max_context: int | None = None, prefill_len: int = 16) -> dict:
+        """Compile (flex) and capture (CUDA graphs) the shapes a run will use, before its first measured request,
+        as vLLM does at start-up: every graph batch bucket up to `max_batch` (default `max_num_seqs`) at every
+        context bucket up to `max_context` (default: the first bucket). Without it the first step of each new
+        batch size pays a capture (and the first steps a compilation) inside the measurement.
+
+        Call it on a fresh engine (see `can_warm_up`). Returns {"steps", "graphs", "seconds", ...}."""
+        from lab_utils.engine.accel.cuda_graphs import MIN_CONTEXT_BUCKET, bucket_for, context_bucket
+
+        self._check_open()
+        if not self.can_warm_up():
+            raise RuntimeError("warmup() needs a fresh engine (no request running, no block in use or cached): "
+                               "call it right after building the engine")
+        max_batch = min(max_batch or self.config.max_num_seqs, self.config.max_num_seqs)
+        graphs = self.runner.graphs
+        batches = [1]
+        if graphs is not None:
+            top = bucket_for(max_batch, graphs.buckets) or graphs.buckets[-1]
+            batches = [b for b in graphs.buckets if b <= top]
+        longest = min(max_context or 1, self.max_model_len)
+        steps = [MIN_CONTEXT_BUCKET]
+        while steps[-1] < longest:
+            steps.append(steps[-1] * 2)
+        contexts = sorted({context_bucket(min(c, longest), self.block_size, self.max_model_len) for c in steps})
+        return self.runner.warmup(batches, contexts, prefill_len, self.num_blocks)
+
     # -- lifetime -----------------------------------------------------------------------------------
     def close(self) -> None:
         """Give the KV pool and the captured CUDA graphs back now (to the card, on a GPU), as vLLM's shutdown.

@@ -102,7 +102,7 @@ class RecordedRun:
 
 
 def snapshot(engine, index_of: dict[str, int] | None = None, with_map: bool = False) -> KVRecord:
-    running = engine.scheduler.running
+    running = [r for r in engine.scheduler.running if not r.status.done]
     bs = engine.block_size
     tokens = sum(r.num_computed_tokens for r in running)
     allocated = sum(len(r.block_table) for r in running) * bs
@@ -129,7 +129,7 @@ def run_recording(engine, prompts, params, with_map: bool = False) -> RecordedRu
         for out in engine.step():
             if out.finished and out.request_id in index_of:
                 done[out.request_id] = out
-        if engine.scheduler.running:
+        if engine.scheduler.num_running:
             run.records.append(snapshot(engine, index_of, with_map))
     run.outputs = [done[i] for i in ids]
     return run

@@ -2,6 +2,7 @@
 for the requests whose next token is due."""
 from __future__ import annotations
 
+import time
 import warnings
 
 import torch
@@ -65,21 +66,60 @@ class ModelRunner:
         if num_padding:
             ids, pos, ctx_lens, q_lens, tables, last_rows = pad_decode_rows(
                 ids, pos, ctx_lens, q_lens, tables, last_rows, num_padding)
-        for _ in range(len(FAST_PATHS) + 1):  # each fast path can fail (and be turned off) once
-            path = self._fast_path(q_lens, len(ids))
-            try:
-                hidden = self._forward(ids, pos, ctx_lens, q_lens, tables)
-                break
-            except Exception as err:
-                if path is None:
-                    raise
-                self._turn_off(path, err)
+        hidden = self._forward_or_fall_back(ids, pos, ctx_lens, q_lens, tables)
         if not last_rows:
             return hidden.new_empty(0, 0), []
         rows = torch.tensor(last_rows, device=self.device)
         logits = self.model.logits(hidden[0, rows]).float()  # padding rows cost their lm head too, then go
         self.last_hidden = hidden[0, rows[:num_real]]
         return logits[:num_real], sample_reqs
+
+    def _forward_or_fall_back(self, ids: list[int], pos: list[int], ctx_lens: list[int], q_lens: list[int],
+                              tables: list[list[int]]) -> torch.Tensor:
+        for _ in range(len(FAST_PATHS) + 1):  # each fast path can fail (and be turned off) once
+            path = self._fast_path(q_lens, len(ids))
+            try:
+                return self._forward(ids, pos, ctx_lens, q_lens, tables)
+            except Exception as err:
+                if path is None:
+                    raise
+                self._turn_off(path, err)
+        raise AssertionError("unreachable: every fast path is off after one failure each")
+
+    @torch.inference_mode()
+    def warmup(self, batch_sizes: list[int], context_lens: list[int], prefill_len: int, num_blocks: int) -> dict:
+        """Compile and capture before the first measured step, as vLLM does at start-up: prefill and decode
+        forwards at batch 1 and batch > 1 (flex compiles one kernel per such shape class), and one CUDA graph per
+        (batch bucket, context bucket) in `batch_sizes` x `context_lens`.
+
+        The dummy steps write K/V into blocks 0.. of the pool: call it only while no block is in use or cached
+        (`LLMEngine.warmup` checks). Returns what it did."""
+        from lab_utils.device import synchronize
+
+        t0 = time.perf_counter()
+        bs = self.block_size
+
+        def table(L: int) -> list[int]:
+            return list(range(-(-L // bs)))
+
+        steps, before = 0, len(self.graphs.entries) if self.graphs is not None else 0
+        n = min(prefill_len, num_blocks * bs)
+        for b in (1, 2):  # prefill shapes (Q > 1), then eager decode shapes (Q = 1)
+            for q in (n, 1):
+                self._forward_or_fall_back([0] * (q * b), list(range(q)) * b, [q] * b, [q] * b, [table(q)] * b)
+                steps += 1
+        for L in sorted(set(context_lens)):
+            if self.graphs is None or -(-L // bs) > num_blocks:
+                break
+            for b in sorted(set(batch_sizes)):
+                if not self.graphs.can_run(b):
+                    break
+                self._forward_or_fall_back([0] * b, [L - 1] * b, [L] * b, [1] * b, [table(L)] * b)
+                steps += 1
+        synchronize(self.device)
+        captured = len(self.graphs.entries) - before if self.graphs is not None else 0
+        return {"steps": steps, "graphs": captured, "seconds": time.perf_counter() - t0,
+                "fast_path_errors": dict(self.fast_path_errors)}
 
     def _fast_path(self, q_lens: list[int], n: int) -> str | None:
         """Which fast path this step takes (the one to blame if it fails), None for the plain eager path."""

@@ -8,13 +8,17 @@ Every policy returns the same thing: a list of (request, number of tokens to com
                   decode step runs at the batch's full size (`SchedulerOutput.num_padding` rows whose outputs
                   are thrown away). That is what static batching costs in the papers' baseline (Orca's
                   FasterTransformer) and in Hugging Face `generate` with padding: the batch is one tensor, and
-                  a finished row keeps computing until the longest row stops. Letting finished members leave
-                  would make static steps cheaper and understate what continuous batching saves.
+                  a finished row keeps computing until the longest row stops.
 - `continuous`:   finished requests leave and waiting ones join at every step (Orca); prefill-first, as in
-                  nano-vllm: a step is either all prefill or all decode.
-- `token_budget`: vLLM V1: each step first gives every running request its next token(s), then fills the rest
-                  of `max_num_batched_tokens` with (chunks of) waiting prompts, in one mixed batch.
+                  nano-vllm: a step is either all prefill (whole prompts) or all decode. (Lab 01.)
+- `token_budget`: vLLM V1: each step first gives every running request its next token(s), oldest first (decodes,
+                  and the next chunk of a prompt still being prefilled), then fills the rest of
+                  `max_num_batched_tokens` with (chunks of) waiting prompts, in one mixed batch. (Lab 03.)
 When blocks run out, the newest running request is preempted (recompute: drop its KV; swap: copy it to host).
+
+The methods a learner rewrites (`schedule_continuous`, `make_room`, `preempt`, `schedule_token_budget`) are the
+parts named in `lab_utils.engine.parts`; `schedule()` checks whatever a policy returns before the engine runs it,
+so a wrong policy fails with a message that names the mistake, not deep inside the model.
 """
 from __future__ import annotations
 
@@ -24,6 +28,7 @@ from typing import Callable
 
 from lab_utils.engine.block_manager import BlockManager
 from lab_utils.engine.config import EngineConfig
+from lab_utils.engine.parts import LearnerPartError
 from lab_utils.engine.request import Request, Status
 
 
@@ -44,7 +49,7 @@ class Scheduler:
                  swap_in: Callable[[Request], None] | None = None) -> None:
         self.config, self.bm = config, block_manager
         self.waiting: deque[Request] = deque()
-        self.running: list[Request] = []
+        self.running: list[Request] = []  # may still hold requests that ended since the last step: see retire
         self.swap_out, self.swap_in = swap_out, swap_in
         self.num_preemptions = 0
         self.static_quota = 0  # static batching: members of the current batch still to admit
@@ -55,80 +60,94 @@ class Scheduler:
     def add(self, req: Request) -> None:
         self.waiting.append(req)
 
-    def has_work(self) -> bool:
-        return bool(self.waiting or self.running)
+    @property
+    def num_running(self) -> int:
+        return sum(1 for r in self.running if not r.status.done)
 
-    # -- the policies -----------------------------------------------------------------------------
+    def has_work(self) -> bool:
+        return bool(self.waiting) or self.num_running > 0
+
+    # -- the step -----------------------------------------------------------------------------------
     def schedule(self) -> SchedulerOutput:
-        out = SchedulerOutput()
-        policy = self.config.scheduler
-        budget = self.config.max_num_batched_tokens
-        if policy == "token_budget":
-            budget = self._schedule_running(out, budget, decodes=True, prefills=True)
-            budget -= self.lookahead * sum(1 for r, n in out.scheduled if n == 1 and not r.is_prefill)
-            if not out.preempted:
-                self._schedule_waiting(out, budget)
-            return out
-        if policy == "static" and not self.running and self.static_quota == 0:
-            self.static_quota = self.static_batch_size = min(len(self.waiting), self.config.max_num_seqs)
-        # prefill-first: a prefill step if any prompt work is possible, else a decode step
-        budget = self._schedule_running(out, budget, decodes=False, prefills=True)
-        if policy == "continuous" or self.static_quota > 0:
-            self._schedule_waiting(out, budget)
-        if policy == "static" and not out.scheduled:
-            self.static_quota = 0  # the batch could not grow further: it is closed
-        if not out.scheduled:
-            self._schedule_running(out, self.config.max_num_batched_tokens, decodes=True, prefills=False)
-            if policy == "static":
-                out.num_padding = max(0, self.static_batch_size - len(out.scheduled))
+        policy = {"static": self.schedule_static, "continuous": self.schedule_continuous,
+                  "token_budget": self.schedule_token_budget}[self.config.scheduler]
+        out = policy()
+        self.running = [r for r in self.running if not r.status.done]  # whatever the policy forgot
+        self._check(out, policy.__name__)
         return out
 
-    def _schedule_running(self, out: SchedulerOutput, budget: int, decodes: bool, prefills: bool) -> int:
-        i = 0
-        while i < len(self.running) and budget > 0:
-            req = self.running[i]
+    def schedule_continuous(self) -> SchedulerOutput:
+        """Continuous batching, prefill-first: retire the finished, admit waiting prompts first come first served
+        while a slot, the step's token budget and the KV pool allow; a step that runs no prompt decodes every
+        running request. (With chunked prefill a long prompt runs in chunks of the budget, one per step.)"""
+        out = SchedulerOutput()
+        self.running = [r for r in self.running if not r.status.done]  # retire: finished requests leave
+        budget = self._continue_prefills(out, self.config.max_num_batched_tokens)
+        self._admit(out, budget)
+        if not out.scheduled:
+            self._decode_all(out)
+        return out
+
+    def schedule_token_budget(self) -> SchedulerOutput:
+        """vLLM V1's unified token budget with chunked prefill: running requests first, oldest first (a decode
+        takes 1 token, an unfinished prompt its next chunk), then new prompts fill what is left of the budget."""
+        out = SchedulerOutput()
+        self.running = [r for r in self.running if not r.status.done]
+        budget = self.config.max_num_batched_tokens
+        for req in list(self.running):
+            if budget <= 0:
+                break
+            if req.status is not Status.RUNNING:
+                continue  # preempted earlier in this loop
+            n = min(req.num_tokens - req.num_computed_tokens, budget)
+            if self.make_room(req, req.num_computed_tokens + n, out):
+                out.scheduled.append((req, n))
+                budget -= n
+        # speculative decoding (lab 07): keep room in the step for each decode's guesses
+        budget -= self.lookahead * sum(1 for r, n in out.scheduled if n == 1 and not r.is_prefill)
+        if not out.preempted:  # memory is short: no newcomer this step
+            self._admit(out, budget)
+        return out
+
+    def schedule_static(self) -> SchedulerOutput:
+        """Static batching: a batch is admitted together and nobody joins until all of it has finished."""
+        out = SchedulerOutput()
+        self.running = [r for r in self.running if not r.status.done]
+        if not self.running and self.static_quota == 0:
+            self.static_quota = self.static_batch_size = min(len(self.waiting), self.config.max_num_seqs)
+        budget = self._continue_prefills(out, self.config.max_num_batched_tokens)
+        if self.static_quota > 0:
+            self._admit(out, budget)
+        if not out.scheduled:
+            self.static_quota = 0  # the batch could not grow further: it is closed
+            self._decode_all(out)
+            out.num_padding = max(0, self.static_batch_size - len(out.scheduled))
+        return out
+
+    # -- pieces of the reference policies ----------------------------------------------------------
+    def _continue_prefills(self, out: SchedulerOutput, budget: int) -> int:
+        """Running requests whose prompt is not yet computed (chunked prefill, or a recompute) get their next chunk."""
+        for req in list(self.running):
             remaining = req.num_tokens - req.num_computed_tokens
-            is_decode = remaining == 1 and not req.is_prefill
-            if (is_decode and not decodes) or (not is_decode and not prefills):
-                i += 1
+            if budget <= 0 or req.status is not Status.RUNNING or (remaining == 1 and not req.is_prefill):
                 continue
             n = min(remaining, budget)
-            while not self.bm.grow(req, req.num_computed_tokens + n):
-                victim = self.running[-1]  # the newest request gives way
-                self._preempt(victim)
-                out.preempted.append(victim)
-                if victim is req:
-                    break
-            if req.status is not Status.RUNNING:
-                break
-            out.scheduled.append((req, n))
-            budget -= n
-            i += 1
+            if self.make_room(req, req.num_computed_tokens + n, out):
+                out.scheduled.append((req, n))
+                budget -= n
         return budget
 
-    def _schedule_waiting(self, out: SchedulerOutput, budget: int) -> int:
-        cfg = self.config
-        while self.waiting and budget > 0 and len(self.running) < cfg.max_num_seqs:
+    def _admit(self, out: SchedulerOutput, budget: int) -> int:
+        """Waiting requests join, first come first served, while a slot, the budget and the KV pool allow."""
+        while self.waiting and budget > 0 and self.num_running < self.config.max_num_seqs:
             req = self.waiting[0]
-            fresh = req.num_computed_tokens == 0 and req.status is Status.WAITING
-            cached = len(self.bm.match_prefix(req)) * self.bm.block_size if fresh else 0
-            remaining = req.num_tokens - max(req.num_computed_tokens, cached)
-            if not cfg.enable_chunked_prefill and remaining > budget:
-                break
+            remaining = req.num_tokens - req.num_computed_tokens
             n = min(remaining, budget)
-            if not self.bm.can_admit(req, n) and (self.running or not self._fits_alone(req, n)):
-                break
-            self.waiting.popleft()
-            if fresh:
-                self.bm.admit(req)
-                n = min(req.num_tokens - req.num_computed_tokens, budget)
-            swapped = req.status is Status.SWAPPED
-            ok = self.bm.grow(req, req.num_computed_tokens + n)
-            assert ok, "admission check and allocation disagree"
-            if swapped:
-                self.swap_in(req)
-            req.status = Status.RUNNING
-            self.running.append(req)
+            if n < remaining and not self.config.enable_chunked_prefill:
+                break  # without chunked prefill a prompt runs whole or waits
+            if not self.can_start(req, n):
+                break  # first come, first served: nobody overtakes the head of the queue
+            n = self.start(req, n)
             out.scheduled.append((req, n))
             budget -= n
             if self.config.scheduler == "static":
@@ -137,13 +156,60 @@ class Scheduler:
                     break
         return budget
 
-    def _fits_alone(self, req: Request, n: int) -> bool:
-        """With nothing running the watermark protects no one: admit if the blocks exist at all."""
-        need = self.bm.blocks_needed(req.num_computed_tokens + n) - len(req.block_table)
-        return need <= self.bm.num_free_blocks
+    def _decode_all(self, out: SchedulerOutput) -> None:
+        for req in list(self.running):
+            if req.status is Status.RUNNING and self.make_room(req, req.num_computed_tokens + 1, out):
+                out.scheduled.append((req, 1))
 
-    # -- preemption and completion ----------------------------------------------------------------
-    def _preempt(self, req: Request) -> None:
+    # -- admission and memory (helpers every policy uses) ------------------------------------------
+    def can_start(self, req: Request, num_tokens: int) -> bool:
+        """Can the head of the queue start with `num_tokens` more tokens now? The KV pool must hold them (keeping
+        a small watermark of free blocks for running requests to grow into, unless nobody runs). Blocks that
+        the prefix cache already holds for its prompt count as present."""
+        if req.num_computed_tokens == 0 and req.status is Status.WAITING:
+            cached = len(self.bm.match_prefix(req)) * self.bm.block_size
+            num_tokens = min(num_tokens, req.num_tokens - cached)
+        if self.bm.can_admit(req, num_tokens):
+            return True
+        need = self.bm.blocks_needed(req.num_computed_tokens + num_tokens) - len(req.block_table)
+        return self.num_running == 0 and need <= self.bm.num_free_blocks
+
+    def start(self, req: Request, num_tokens: int) -> int:
+        """Move the head of the queue into `running` with blocks for `num_tokens` more tokens. Returns the number
+        of tokens it computes this step: fewer when the prefix cache already holds part of its prompt."""
+        if not self.waiting or self.waiting[0] is not req:
+            raise LearnerPartError(f"start({req.request_id}) takes the head of the waiting queue, self.waiting[0] "
+                                   f"(first come, first served), not another request")
+        self.waiting.popleft()
+        if req.num_computed_tokens == 0 and req.status is Status.WAITING:
+            self.bm.admit(req)  # attaches cached prefix blocks, advances num_computed_tokens past them
+            num_tokens = min(num_tokens, req.num_tokens - req.num_computed_tokens)
+        swapped = req.status is Status.SWAPPED
+        ok = self.bm.grow(req, req.num_computed_tokens + num_tokens)
+        if not ok:
+            raise LearnerPartError(
+                f"could not allocate blocks for {req} although the admission check said it fits: grow() "
+                f"and can_admit() disagree (free blocks: {self.bm.num_free_blocks})")
+        if swapped:
+            self.swap_in(req)
+        req.status = Status.RUNNING
+        self.running.append(req)
+        return num_tokens
+
+    def make_room(self, req: Request, num_tokens: int, out: SchedulerOutput) -> bool:
+        """Grow `req`'s block table to cover `num_tokens` tokens, preempting the newest running request until it
+        fits. False when `req` itself had to give way (it is then back in the queue)."""
+        while not self.bm.grow(req, num_tokens):
+            victim = self.running[-1]  # the newest request gives way: it has the least work to lose
+            self.preempt(victim)
+            out.preempted.append(victim)
+            if victim is req:
+                return False
+        return True
+
+    def preempt(self, req: Request) -> None:
+        """Take a running request off the batch. Recompute (the default): drop its KV and send it to the front
+        of the queue to start over; swap: copy its KV to host memory first and keep its progress."""
         self.running.remove(req)
         self.num_preemptions += 1
         req.metrics.preemptions += 1
@@ -158,10 +224,45 @@ class Scheduler:
         self.waiting.appendleft(req)
 
     def finish(self, req: Request, status: Status) -> None:
-        if req in self.running:
-            self.running.remove(req)
-        elif req in self.waiting:
+        """A request ended: free its blocks now; the next `schedule()` retires it from `running`."""
+        if req in self.waiting:
             self.waiting.remove(req)
         self.bm.free(req)
         req.swapped_kv = None
         req.status = status
+
+    # -- the guard between a policy and the engine -------------------------------------------------
+    def _check(self, out: SchedulerOutput, policy: str) -> None:
+        """Everything the model runner relies on, checked on every step (cheap: one pass over the batch)."""
+        cfg, seen = self.config, set()
+
+        def fail(msg: str) -> None:
+            raise LearnerPartError(f"{policy}: {msg}")
+
+        if len(self.running) > cfg.max_num_seqs:
+            fail(f"{len(self.running)} requests are running but max_num_seqs is {cfg.max_num_seqs}: admit only "
+                 f"while len(self.running) < max_num_seqs")
+        if out.num_tokens > cfg.max_num_batched_tokens:
+            fail(f"the step has {out.num_tokens} tokens but the budget (max_num_batched_tokens) is "
+                 f"{cfg.max_num_batched_tokens}")
+        for req, n in out.scheduled:
+            if id(req) in seen:
+                fail(f"{req.request_id} is scheduled twice in one step")
+            seen.add(id(req))
+            if req.status.done:
+                fail(f"{req.request_id} has already {req.status.value} but was scheduled: retire finished "
+                     f"requests (status.done) from self.running before scheduling")
+            if req.status is not Status.RUNNING or req not in self.running:
+                fail(f"{req.request_id} is scheduled but is {req.status.value}, not in self.running: admit "
+                     f"with self.start(req, n), which moves it from the queue into the batch")
+            remaining = req.num_tokens - req.num_computed_tokens
+            if not 1 <= n <= remaining:
+                fail(f"{req.request_id} is scheduled for {n} tokens but has {remaining} left to compute "
+                     f"(a decode is 1; a prompt chunk is at most what is left)")
+            if len(req.block_table) * self.bm.block_size < req.num_computed_tokens + n:
+                fail(f"{req.request_id} is scheduled for {n} tokens but its blocks hold only "
+                     f"{len(req.block_table) * self.bm.block_size} of the {req.num_computed_tokens + n} needed: "
+                     f"grow its block table first (self.make_room / self.bm.grow)")
+        order = [r for r in self.waiting]
+        if any(r.status is Status.RUNNING for r in order):
+            fail("a request in the waiting queue is marked RUNNING")

@@ -103,7 +103,7 @@ class SimEngine:
 
     @property
     def load(self) -> int:
-        return len(self.scheduler.running) + len(self.scheduler.waiting)
+        return self.scheduler.num_running + len(self.scheduler.waiting)
 
     def add(self, req: Request) -> bool:
         """Queue `req`; False (and the request is rejected) if its full length can never fit in the pool."""

@@ -50,7 +50,7 @@ def run(model_tok, prompts, max_tokens, **cfg) -> tuple[LLMEngine, list[list[int
     # leak check: every block has ref count zero and is free (or cached and evictable)
     eng.block_manager.check_all_free()
     assert all(b.ref_count == 0 for b in eng.block_manager.blocks)
-    assert not eng.scheduler.running and not eng.scheduler.waiting
+    assert eng.scheduler.num_running == 0 and not eng.scheduler.waiting  # ended requests retire at the next step
     return eng, [o.token_ids for o in outs]
 
 

@@ -1,0 +1,150 @@
+"""The seam through which a learner's code replaces a part of the engine.
+
+The course's labs each have the learner rewrite one part of this engine: the scheduling step (lab 01), the
+block allocator and the slot mapping (lab 02), the token-budget step (lab 03), the prefix cache (lab 04). Each
+part is a method of a core class (or one function) whose reference version lives in the engine itself; a
+learner's version has the same name and signature. `EngineParts` says which version an engine runs:
+
+    parts = EngineParts({"block_manager.grow": my_grow})   # everything else: the reference
+    engine = LLMEngine(model, config, parts=parts)
+
+The engine then builds its `BlockManager` as a subclass whose `grow` is `my_grow` (so `self` inside it is the
+real block manager), and runs it. `lab_utils.learner` collects a learner's parts across labs (saved in files,
+as tiny-llm keeps a student package beside its reference one); this module only knows how to plug them in.
+
+An exception inside a learner's part reaches the lab as `LearnerPartError` naming the part (with the original
+error chained); `NotImplementedError` (an exercise not yet written) passes through unchanged.
+"""
+from __future__ import annotations
+
+import functools
+import inspect
+from dataclasses import dataclass
+from typing import Callable, Mapping
+
+
+class LearnerPartError(AssertionError):
+    """A part of the engine (usually a learner's) broke an invariant the engine relies on; the message says
+    which one and how to fix it. An AssertionError, like every exercise check's failure."""
+
+
+@dataclass(frozen=True)
+class Part:
+    name: str  # "<component>.<attribute>", e.g. "block_manager.grow"
+    lab: str  # the lab whose exercise writes it
+    signature: str  # what the learner's function looks like
+    summary: str  # one line: what it must do
+
+    @property
+    def component(self) -> str:
+        return self.name.split(".", 1)[0]
+
+    @property
+    def attr(self) -> str:
+        return self.name.split(".", 1)[1]
+
+
+PARTS: dict[str, Part] = {p.name: p for p in [
+    Part("scheduler.schedule_continuous", "01", "(self) -> SchedulerOutput",
+         "one step of continuous batching: retire, admit FCFS within slots/budget/KV, else decode everyone"),
+    Part("block_manager.grow", "02", "(self, req, num_tokens) -> bool",
+         "extend req.block_table to cover num_tokens tokens from the free pool; False (no change) if it cannot"),
+    Part("block_manager.release", "02", "(self, block_id) -> None",
+         "drop one reference to a block; at zero hand it to self.recycle(block_id)"),
+    Part("scheduler.make_room", "02", "(self, req, num_tokens, out) -> bool",
+         "grow req to num_tokens, preempting the newest running request until it fits; False if req gave way"),
+    Part("scheduler.preempt", "02", "(self, req) -> None",
+         "recompute preemption: off the batch, blocks freed, progress reset, to the front of the queue"),
+    Part("attention.slot_mapping", "02", "(block_tables, context_lens, query_lens, block_size) -> list[int]",
+         "the cache slot of every token computed in this step, in step order"),
+    Part("scheduler.schedule_token_budget", "03", "(self) -> SchedulerOutput",
+         "vLLM V1's step: running requests first (decode or next chunk), then new prompts, within the budget"),
+    Part("block_manager.hash_block", "04", "(self, parent_hash, token_ids) -> int",
+         "a full block's name: a hash of its parent block's hash and its own token ids (a chain)"),
+    Part("block_manager.match_prefix", "04", "(self, req) -> list[int]",
+         "the cached blocks holding the prompt's leading full blocks (at least one prompt token left to compute)"),
+    Part("block_manager.recycle", "04", "(self, block_id) -> None",
+         "a block nobody references: keep it in the LRU cache if it holds a named prefix, else free it"),
+    Part("block_manager.evict", "04", "(self) -> int",
+         "take the least recently used cached block with no reference out of the cache and return its id"),
+]}
+
+COMPONENTS = ("scheduler", "block_manager", "attention")
+
+
+def check_signature(name: str, fn: Callable) -> None:
+    """A learner's function must take the reference's parameters, in order (names may differ)."""
+    if name not in PARTS:
+        raise KeyError(f"unknown engine part {name!r}; the parts are: {', '.join(PARTS)}")
+    if not callable(fn):
+        raise TypeError(f"the part {name} must be a function, got {type(fn).__name__}")
+    want = PARTS[name].signature.split("->")[0].strip()[1:-1]
+    n_want = len([a for a in want.split(",") if a.strip()])
+    try:
+        params = [p for p in inspect.signature(fn).parameters.values()
+                  if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    except (TypeError, ValueError):
+        return
+    if len(params) != n_want:
+        raise TypeError(f"your {name} takes {len(params)} parameter(s) ({', '.join(p.name for p in params)}) but "
+                        f"the engine calls it as {PARTS[name].attr}{PARTS[name].signature}")
+
+
+def _guarded(name: str, fn: Callable) -> Callable:
+    """Call a learner's part; anything it raises (but NotImplementedError) comes back naming the part."""
+
+    @functools.wraps(fn)
+    def call(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except (NotImplementedError, LearnerPartError):
+            raise
+        except Exception as err:
+            raise LearnerPartError(f"your {name} raised {type(err).__name__}: {err}") from err
+
+    call.__learner_part__ = name
+    return call
+
+
+class EngineParts:
+    """Which implementation of each part an engine runs. Empty = the reference engine."""
+
+    def __init__(self, overrides: Mapping[str, Callable] | None = None,
+                 origins: Mapping[str, str] | None = None) -> None:
+        self.overrides: dict[str, Callable] = {}
+        self.origins: dict[str, str] = dict(origins or {})
+        for name, fn in (overrides or {}).items():
+            check_signature(name, fn)
+            self.overrides[name] = fn
+
+    def __bool__(self) -> bool:
+        return bool(self.overrides)
+
+    def is_learners(self, name: str) -> bool:
+        return name in self.overrides
+
+    def subclass(self, base: type, component: str) -> type:
+        """`base` itself, or a subclass of it whose methods are the learner's parts for `component`."""
+        methods = {PARTS[n].attr: _guarded(n, fn) for n, fn in self.overrides.items()
+                   if PARTS[n].component == component}
+        if not methods:
+            return base
+        return type(f"Learner{base.__name__}", (base,), methods)
+
+    def function(self, name: str, reference: Callable) -> Callable:
+        fn = self.overrides.get(name)
+        return reference if fn is None else _guarded(name, fn)
+
+    def describe(self) -> str:
+        """One line per part: whose version the engine runs."""
+        lines = []
+        for name, part in PARTS.items():
+            who = self.origins.get(name, "yours") if name in self.overrides else "reference"
+            lines.append(f"  lab {part.lab}  {name:34s} {who}")
+        return "\n".join(lines)
+
+    def __repr__(self) -> str:
+        return f"EngineParts({sorted(self.overrides)})"
+
+
+REFERENCE = EngineParts()
