@@ -131,8 +131,12 @@ class LabBackend(Backend):
         from lab_utils.engine.sampling_params import SamplingParams
 
         eng = self.engine
-        if warmup:  # first calls pay for lazy initialisation; keep that out of the measurement
-            eng.generate([workload.requests[0].prompt_token_ids[:8]], SamplingParams(max_tokens=2, ignore_eos=True))
+        if warmup:  # compile and capture the batch sizes and contexts this workload will use, before measuring
+            if eng.can_warm_up():
+                eng.warmup(max_batch=len(workload.requests),
+                           max_context=max(len(w.prompt_token_ids) + w.output_len for w in workload.requests))
+            else:  # a used engine: its lazy initialisation is done; what it has not captured yet is captured lazily
+                eng.generate([workload.requests[0].prompt_token_ids[:8]], SamplingParams(max_tokens=2, ignore_eos=True))
         prefix = f"r{next(self._runs)}-"  # engine request ids are unique for the engine's life
         pending = sorted(workload.requests, key=lambda r: r.arrival_time)
         first_step = len(eng.step_log)

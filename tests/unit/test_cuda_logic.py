@@ -199,3 +199,51 @@ def test_a_failing_graph_keeps_flex_on(tiny):
     assert [o.token_ids for o in got] == [o.token_ids for o in ref]
     assert eng.runner.graphs is None and eng.runner.attention_backend == "flex"
     assert set(eng.runner.fast_path_errors) == {"cuda_graphs"}
+
+
+def test_warmup_captures_every_bucket_in_use_before_the_first_request(tiny, monkeypatch):
+    """LLMEngine.warmup: graphs for batch buckets 1..max_batch at each context bucket up to max_context, then
+    a measured run captures nothing new (and its tokens are the eager ones)."""
+    prompts = _prompts(5, [40, 200, 90])
+    ref = LLMEngine(tiny, EngineConfig(num_gpu_blocks=256, enforce_eager=True), device="cpu").generate(prompts, GREEDY)
+    eng = _graph_engine(tiny, max_num_seqs=8)
+    fake = _FakeCuda(eng.runner.graphs)
+    fake.install(monkeypatch)
+    eng.runner.graphs.capture = True
+    assert eng.can_warm_up()
+    done = eng.warmup(max_batch=5, max_context=max(len(p) for p in prompts) + GREEDY.max_tokens)
+    assert set(eng.runner.graphs.entries) == {(b, L) for b in (1, 2, 4, 8) for L in (256,)}, done
+    assert done["graphs"] == 4 and done["steps"] == 8 and not done["fast_path_errors"]
+    captured = len(fake.captures)
+    got = eng.generate(prompts, GREEDY)
+    assert [o.token_ids for o in got] == [o.token_ids for o in ref]
+    assert len(fake.captures) == captured, "a measured run still captured graphs"
+    eng.add_request(prompts[0], GREEDY)
+    eng.step()  # a request holds blocks now: warm-up's dummy writes would corrupt them
+    assert not eng.can_warm_up()
+    with pytest.raises(RuntimeError, match="fresh engine"):
+        eng.warmup()
+
+
+def test_warmup_covers_longer_contexts(tiny):
+    eng = _graph_engine(tiny, max_num_seqs=2)
+    eng.warmup(max_context=600)
+    assert {L for _, L in eng.runner.graphs.entries} == {256, 512, 1024}
+
+
+def test_lab_backend_warms_up_the_batch_sizes_of_its_workload(tiny, monkeypatch):
+    """LabBackend used to warm up at batch 1 only: now every graph bucket its workload can reach is captured
+    before the clock starts, so a measured step never pays a capture."""
+    from lab_utils.bench.backends import LabBackend
+    from lab_utils.bench.workload import make_workload
+
+    eng = _graph_engine(tiny, max_num_seqs=8)
+    fake = _FakeCuda(eng.runner.graphs)
+    fake.install(monkeypatch)
+    eng.runner.graphs.capture = True
+    wl = make_workload(tiny[1], 6, 12, 5, request_rate=float("inf"), seed=0)
+    counts = []
+    step = eng.step
+    eng.step = lambda: (counts.append(len(fake.captures)), step())[1]
+    LabBackend(engine=eng).run(wl)
+    assert counts and counts[0] == counts[-1] == 4, counts  # buckets 1, 2, 4, 8 captured before step 1
