@@ -18,70 +18,91 @@ from pathlib import Path
 
 import torch
 
-from lab_utils.paths import DATA_DIR
+from lab_utils.paths import DATA_DIR, cache_dir
 from lab_utils.spec.eagle import CONFIG_NAME, EagleHead, eagle_config_for, load_eagle
-from lab_utils.spec.heads_data import DataSpec, load_heads_data
+from lab_utils.spec.heads_corpus import CorpusSpec, load_training_data
 from lab_utils.spec.heads_train import eval_eagle, init_eagle, train_eagle
-from lab_utils.spec.medusa import save_heads
+from lab_utils.spec.medusa import save_heads, top_tokens
 
-SMOKE_DATA = DataSpec(chat_prompts=4, play_prompts=2, max_new_tokens=24, corpus_seqs=0, heldout_chat=2,
-                      heldout_play=1)
+SMOKE_DATA = CorpusSpec(gen_shards=1, fixed_shards=1, shard_prompts=6, max_new_tokens=24, fixed_len=96,
+                        heldout_prompts=4)
 K = 4   # draft steps evaluated
 
 
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--steps", type=int, default=600)
+    ap.add_argument("--steps", type=int, default=3000, help="AdamW steps (the cosine schedule's length)")
     ap.add_argument("--batch", type=int, default=8, help="crops per step")
     ap.add_argument("--length", type=int, default=32, help="positions per crop")
     ap.add_argument("--window", type=int, default=8, help="rows the head attends over (trained with 1..window)")
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--ce-weight", type=float, default=0.5)
     ap.add_argument("--weight-decay", type=float, default=0.0)
-    ap.add_argument("--max-minutes", type=float, default=16.0)
+    ap.add_argument("--max-minutes", type=float, default=60.0, help="wall budget of the training loop (a safety stop)")
     ap.add_argument("--out", default=str(DATA_DIR / "models" / "smollm2-eagle"))
-    ap.add_argument("--sampled-vocab", type=int, default=2048,
-                    help="CE over the label tokens + this many random others per step (0: the full vocabulary)")
-    ap.add_argument("--task-prompts", type=int, default=24,
-                    help="training prompts that ask to repeat a passage / edit code (the answer copies the prompt)")
-    ap.add_argument("--val-every", type=float, default=2.0, help="minutes between validation checks (early stopping)")
+    ap.add_argument("--draft-vocab", type=int, default=8192,
+                    help="score only the N most frequent target tokens of the corpus (0: the full vocabulary)")
+    ap.add_argument("--gen-shards", type=int, default=6, help="corpus shards of the target's own answers (64 each)")
+    ap.add_argument("--fixed-shards", type=int, default=6, help="corpus shards of prefilled fixed text (64 each)")
+    ap.add_argument("--val-every", type=float, default=3.0,
+                    help="minutes between validation checks (early stopping) and learning-curve points")
+    ap.add_argument("--ckpt", default=None, help="resumable checkpoint file (default: in the cache, named by the run)")
     ap.add_argument("--smoke", action="store_true")
     ap.add_argument("--seed", type=int, default=0)
     return ap
 
 
+def heldout_point(head, target, heldout, starts, window: int) -> dict:
+    """One learning-curve point: held-out chain acceptance from 1 true row (after a prefill) and from `window`."""
+    a1 = eval_eagle(head, target, heldout, K, n_rows=1, starts=starts, limit=300)
+    aw = eval_eagle(head, target, heldout, K, n_rows=window, starts=starts, limit=300)
+    return {"first_n1": a1["top1"][0], "first": aw["top1"][0], "conditional": aw["conditional"],
+            "mean_accepted": aw["mean_accepted"]}
+
+
 def main(argv: list[str] | None = None) -> dict:
     args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else argv
     torch.manual_seed(args.seed)
-    spec = SMOKE_DATA if args.smoke else DataSpec(task_prompts=args.task_prompts)
+    spec = SMOKE_DATA if args.smoke else CorpusSpec(gen_shards=args.gen_shards, fixed_shards=args.fixed_shards)
     if args.smoke:
         args.steps, args.batch, args.length, args.out = 30, 4, 16, tempfile.mkdtemp(prefix="eagle-smoke-")
+        args.val_every, args.draft_vocab = 0.05, min(args.draft_vocab, 2048)
+    ckpt = None if args.smoke else (args.ckpt or cache_dir() / "spec_heads" / f"ckpt-eagle-{spec.key()}.pt")
     t0 = time.time()
-    hd = load_heads_data(spec)
+    hd = load_training_data(spec)
     target, data, train, val, starts = hd.target, hd.data, hd.train, hd.val, hd.heldout_starts
     head = init_eagle(EagleHead(eagle_config_for(target.config), args.window))
+    if args.draft_vocab:
+        head.vocab = top_tokens(torch.cat([s.greedy for s in train]), args.draft_vocab)
     before = eval_eagle(head, target, data["heldout"], K, n_rows=1, starts=starts)
     print("held-out before training (n_rows=1):", before)
     log = train_eagle(head, target, train, args.steps, args.batch, args.length, args.lr, args.ce_weight,
                       max_seconds=args.max_minutes * 60, seed=args.seed, log_every=5 if args.smoke else 10,
-                      sampled_vocab=args.sampled_vocab or None, val=val, val_every_s=args.val_every * 60,
-                      weight_decay=args.weight_decay)
+                      val=val, val_every_s=args.val_every * 60, weight_decay=args.weight_decay,
+                      curve=lambda: heldout_point(head, target, data["heldout"], starts, args.window),
+                      ckpt=ckpt, log=lambda m: print(m, flush=True))
     after = {n: eval_eagle(head, target, data["heldout"], K, n_rows=n, starts=starts) for n in (1, args.window)}
     for n, r in after.items():
         print(f"held-out after training (n_rows={n}):", r)
     print(f"loss: first {log.mean(True, 5):.3f} -> last {log.mean(False, 5):.3f}")
     cfg = {**head.config(), "target": spec.model, "vocab_size": target.config.vocab_size}
-    save_heads(head, cfg, args.out, CONFIG_NAME)
+    save_heads(head, cfg, args.out, CONFIG_NAME, head.vocab)
     reloaded = load_eagle(args.out)
     assert torch.allclose(reloaded.fc.weight, head.fc.weight.half().float())
+    coverage = None
+    if head.vocab is not None:  # share of held-out target tokens the draft vocabulary contains
+        g = torch.cat([s.greedy for s in data["heldout"]])
+        coverage = round(float(torch.isin(g, head.vocab).float().mean()), 4)
     result = {"data": {"spec": spec.__dict__, **hd.summary()},
               "parameters": sum(p.numel() for p in head.parameters()), "steps": log.steps, "batch": args.batch,
-              "length": args.length, "positions_seen": log.positions,
-              "sampled_vocab": args.sampled_vocab, "seconds": round(log.seconds),
+              "length": args.length, "positions_seen": log.positions, "draft_vocab": args.draft_vocab or None,
+              "draft_vocab_heldout_coverage": coverage, "seconds": round(log.seconds),
               "validation": {"sequences": len(val), "history": log.val, "best_step": log.best_step},
+              "learning_curve": log.curve,
               "loss_first": round(log.mean(True), 4), "loss_last": round(log.mean(False), 4),
               "heldout_untrained": before, "heldout_trained": {str(n): r for n, r in after.items()},
-              "command": "OMP_NUM_THREADS=1 python scripts/train_eagle.py " + shlex.join(argv or sys.argv[1:])}
+              "command": "OMP_NUM_THREADS=1 python scripts/train_eagle.py " + shlex.join(argv)}
     if not args.smoke:
         write_card(Path(args.out), result, cfg, args)
     (Path(args.out) / "train_result.json").write_text(json.dumps(result, indent=2) + "\n")

@@ -22,7 +22,7 @@ from torch import nn
 
 from lab_utils.models.llama import LlamaConfig, LlamaDecoderLayer, RotaryEmbedding
 from lab_utils.spec.base import Proposal, Proposer
-from lab_utils.spec.medusa import check_target, load_state, resolve_heads_dir
+from lab_utils.spec.medusa import VOCAB_KEY, VocabHead, check_target, load_state, resolve_heads_dir
 
 CONFIG_NAME = "eagle_config.json"   # not config.json: the model registry treats that as a full model folder
 DEFAULT_HEADS = "smollm2-eagle"
@@ -49,6 +49,7 @@ class EagleHead(nn.Module):
     def __init__(self, cfg: LlamaConfig, window: int = 8) -> None:
         super().__init__()
         self.cfg, self.window = cfg, window
+        self.vocab: torch.Tensor | None = None   # draft vocabulary (token ids), None = the full vocabulary
         H = cfg.hidden_size
         self.fc = nn.Linear(2 * H, H)
         self.layer = LlamaDecoderLayer(cfg, 0)
@@ -65,7 +66,8 @@ class EagleHead(nn.Module):
         return {"method": "eagle", "window": self.window, "hidden_size": c.hidden_size,
                 "intermediate_size": c.intermediate_size, "num_attention_heads": c.num_attention_heads,
                 "num_key_value_heads": c.num_key_value_heads, "head_dim": c.head_dim,
-                "rms_norm_eps": c.rms_norm_eps, "rope_theta": c.rope_theta}
+                "rms_norm_eps": c.rms_norm_eps, "rope_theta": c.rope_theta,
+                "draft_vocab": None if self.vocab is None else len(self.vocab)}
 
 
 def eagle_config_for(target_cfg: LlamaConfig, window: int = 8) -> LlamaConfig:
@@ -79,9 +81,10 @@ def eagle_config_for(target_cfg: LlamaConfig, window: int = 8) -> LlamaConfig:
 
 def load_eagle(name_or_path: str | None = None) -> EagleHead:
     cfg, state = load_state(resolve_heads_dir(name_or_path, DEFAULT_HEADS), CONFIG_NAME)
-    lc = LlamaConfig(**{k: v for k, v in cfg.items() if k not in ("method", "window", "target", "vocab_size")},
-                     num_hidden_layers=1)
+    skip = ("method", "window", "target", "vocab_size", "draft_vocab")
+    lc = LlamaConfig(**{k: v for k, v in cfg.items() if k not in skip}, num_hidden_layers=1)
     head = EagleHead(lc, cfg["window"])
+    head.vocab = state.pop(VOCAB_KEY, None)
     head.load_state_dict({k: v.float() for k, v in state.items()}, strict=False)
     missing = set(head.state_dict()) - set(state) - {"rotary.inv_freq"}
     if missing:
@@ -103,6 +106,7 @@ class EagleProposer(Proposer):
         dev = device if device is not None else target_model.device
         self.head.to(device=dev, dtype=target_model.dtype)
         self.head.rotary.inv_freq = self.head.rotary.inv_freq.float()
+        self.lm = VocabHead(target_model, self.head.vocab)
         self.history: dict[str, tuple[int, torch.Tensor]] = {}   # request -> (position of row 0, rows [m, H])
 
     def _with_history(self, first: int, rows: torch.Tensor) -> tuple[int, torch.Tensor]:
@@ -138,27 +142,29 @@ class EagleProposer(Proposer):
         first, feats = self._with_history(L - 1 - n, hidden[hidden.shape[0] - n:])
         feats = feats[None]
         toks = torch.tensor(token_ids[first + 1:], device=hidden.device)[None]  # row j: (f_p, x_{p+1})
-        out, probs = draft_chain(self.head, self.target, feats, toks, k, temperature)
+        out, probs = draft_chain(self.head, self.target, feats, toks, k, temperature, self.lm)
         return Proposal(out[0].tolist(), None if probs is None else probs[0])
 
 
 @torch.no_grad()
 def draft_chain(head: EagleHead, target, feats: torch.Tensor, toks: torch.Tensor, k: int,
-                temperature: float = 0.0) -> tuple[torch.Tensor, torch.Tensor | None]:
+                temperature: float = 0.0, lm: VocabHead | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """feats [B, n, H], toks [B, n] (row j pairs feature f_p with token x_{p+1}) -> k draft tokens [B, k]
-    (and their distributions [B, k, vocab] when sampling). Each step appends (predicted feature, chosen token)."""
+    (and their distributions [B, k, vocab] when sampling). Each step appends (predicted feature, chosen token).
+    `lm`: the (draft-vocabulary) lm_head to score with; built from `head.vocab` when None."""
     embed = target.model.embed_tokens
+    lm = lm if lm is not None else VocabHead(target, head.vocab)
     out, rows = [], []
     for _ in range(k):
         w = head.window
         nxt = head(feats[:, -w:], embed(toks[:, -w:]))[:, -1]       # [B, H] predicted feature of the newest token
-        logits = target.logits(nxt)
+        logits = lm(nxt)
         if temperature <= 0:
-            tok = logits.argmax(-1)
+            tok = lm.tokens(logits.argmax(-1))
         else:
             p = torch.softmax(logits.float() / temperature, dim=-1)
-            tok = torch.multinomial(p, 1).squeeze(-1)
-            rows.append(p)
+            tok = lm.tokens(torch.multinomial(p, 1).squeeze(-1))
+            rows.append(lm.full(p))
         out.append(tok)
         feats = torch.cat([feats, nxt[:, None]], dim=1)
         toks = torch.cat([toks, tok[:, None]], dim=1)

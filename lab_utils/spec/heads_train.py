@@ -8,14 +8,15 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
 from lab_utils.spec.eagle import EagleHead, draft_chain
 from lab_utils.spec.heads_data import Sequence
-from lab_utils.spec.medusa import MedusaHeads
+from lab_utils.spec.medusa import MedusaHeads, VocabHead
 
 
 @dataclass
@@ -26,6 +27,7 @@ class TrainLog:
     losses: list[float] = field(default_factory=list)   # per step
     val: list[tuple[int, float]] = field(default_factory=list)  # (step, validation score) at each check
     best_step: int | None = None                         # the step whose weights were kept
+    curve: list[dict] = field(default_factory=list)      # held-out acceptance vs positions seen (learning curve)
 
     def mean(self, first: bool, n: int = 20) -> float:
         xs = self.losses[:n] if first else self.losses[-n:]
@@ -53,6 +55,19 @@ class VocabSubset:
         return rows, remap
 
 
+class DraftVocabCE:
+    """Cross-entropy over a fixed draft vocabulary (the head's `vocab`): exactly what the head scores when serving.
+    Labels outside it are ignored (the head can never propose them)."""
+
+    def __init__(self, vocab: torch.Tensor, vocab_size: int) -> None:
+        self.rows = vocab
+        self.remap = torch.full((vocab_size,), -100, dtype=torch.long)
+        self.remap[vocab] = torch.arange(len(vocab))
+
+    def draw(self, g: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.rows, self.remap
+
+
 def subset_ce(feats: torch.Tensor, lm_weight: torch.Tensor, labels: torch.Tensor, sub) -> torch.Tensor:
     """CE of logits = feats @ W.T over the full vocabulary (sub None) or over a VocabSubset draw (rows, remap)."""
     if sub is None:
@@ -66,16 +81,22 @@ class KeepBest:
     """Early stopping on a validation split (never the held-out set): every `every_s` seconds score the module,
     keep a copy of the best weights, and put them back at the end. Small data overfits fast on a CPU budget."""
 
-    def __init__(self, module: torch.nn.Module, score_fn, every_s: float, log, tag: str) -> None:
+    def __init__(self, module: torch.nn.Module, score_fn, every_s: float, log, tag: str, curve_fn=None) -> None:
         self.module, self.score_fn, self.every_s, self.log, self.tag = module, score_fn, every_s, log, tag
+        self.curve_fn = curve_fn   # () -> dict of held-out figures, logged at every check (the learning curve)
         self.best, self.state, self.next_t = float("-inf"), None, every_s
 
     def check(self, out: TrainLog, force: bool = False) -> None:
-        if self.score_fn is None or (not force and out.seconds < self.next_t):
+        done = bool(out.val) and out.val[-1][0] == out.steps   # this step was scored already
+        if self.score_fn is None or done or (not force and out.seconds < self.next_t):
             return
         self.next_t = out.seconds + self.every_s
         self.module.eval()
         score = float(self.score_fn())
+        if self.curve_fn is not None:
+            point = {"step": out.steps, "positions": out.positions, "seconds": round(out.seconds), **self.curve_fn()}
+            out.curve.append(point)
+            self.log(f"[{self.tag}] held-out {point}")
         self.module.train()
         out.val.append((out.steps, round(score, 4)))
         if score > self.best:
@@ -86,6 +107,38 @@ class KeepBest:
     def restore(self) -> None:
         if self.state is not None:
             self.module.load_state_dict(self.state)
+
+
+class Checkpoint:
+    """Resumable training: module, optimizer, RNG, log and best-so-far saved every `every_s` seconds to `path`
+    (None: no checkpoints). A run started again with the same arguments continues where the file left off."""
+
+    def __init__(self, path: str | Path | None, every_s: float = 300.0) -> None:
+        self.path, self.every_s, self.last = (Path(path) if path else None), every_s, time.time()
+
+    def resume(self, module, opt, g: torch.Generator, out: TrainLog, keep: KeepBest, log) -> int:
+        """Load the checkpoint if there is one; returns the step to start from."""
+        if self.path is None or not self.path.exists():
+            return 0
+        ck = torch.load(self.path, weights_only=False)
+        module.load_state_dict(ck["module"])
+        opt.load_state_dict(ck["opt"])
+        g.set_state(ck["rng"])
+        for k, v in ck["log"].items():
+            setattr(out, k, v)
+        keep.best, keep.state, keep.next_t = ck["best"], ck["best_state"], ck["next_t"]
+        log(f"resumed from {self.path} at step {out.steps} ({out.positions} positions, {out.seconds:.0f} s)")
+        return out.steps
+
+    def maybe_save(self, module, opt, g: torch.Generator, out: TrainLog, keep: KeepBest, force: bool = False) -> None:
+        if self.path is None or (not force and time.time() - self.last < self.every_s):
+            return
+        self.last = time.time()
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_suffix(".tmp")
+        torch.save({"module": module.state_dict(), "opt": opt.state_dict(), "rng": g.get_state(), "log": asdict(out),
+                    "best": keep.best, "best_state": keep.state, "next_t": keep.next_t}, tmp)
+        tmp.replace(self.path)
 
 
 def _lr(step: int, total: int, base: float, elapsed: float = 0.0, max_seconds: float = 1e9,
@@ -125,25 +178,41 @@ def medusa_loss(heads: MedusaHeads, lm_head, h: torch.Tensor, labels: torch.Tens
     return total, [l.item() for l in losses]
 
 
+def _vocab_ce(vocab: torch.Tensor | None, labels: torch.Tensor, vocab_size: int, sampled_vocab: int | None, log,
+              tag: str):
+    """The training CE's rows: the head's fixed draft vocabulary, else a VocabSubset draw, else the full lm_head."""
+    if vocab is not None:
+        log(f"[{tag}] CE over the draft vocabulary of {len(vocab)} tokens")
+        return DraftVocabCE(vocab, vocab_size)
+    if sampled_vocab is not None:
+        vs = VocabSubset(labels, vocab_size, sampled_vocab)
+        log(f"[{tag}] sampled softmax over {len(vs.always)} label tokens + {sampled_vocab} random others")
+        return vs
+    return None
+
+
 def train_medusa(heads: MedusaHeads, target, seqs: list[Sequence], steps: int, batch: int = 256, lr: float = 1e-3,
                  max_seconds: float = 1e9, seed: int = 0, log=print, log_every: int = 10,
                  sampled_vocab: int | None = None, val: list[Sequence] | None = None,
-                 val_every_s: float = 120.0) -> TrainLog:
-    """`sampled_vocab`: None = full-vocabulary CE; n = label tokens + n random others per step (VocabSubset).
-    `val`: sequences for early stopping (mean accepted length of the chain), checked every `val_every_s`."""
+                 val_every_s: float = 120.0, curve=None, ckpt: str | Path | None = None,
+                 ckpt_every_s: float = 300.0) -> TrainLog:
+    """`sampled_vocab`: None = full-vocabulary CE; n = label tokens + n random others per step (VocabSubset);
+    ignored when the heads have a draft vocabulary (`heads.vocab`: CE over exactly it).
+    `val`: sequences for early stopping (mean accepted length of the chain), checked every `val_every_s`;
+    `curve`: () -> dict of held-out figures logged at each check; `ckpt`: a resumable checkpoint file."""
     g = torch.Generator().manual_seed(seed)
     H, L = medusa_table(seqs, heads.num_heads)
     keep = KeepBest(heads, (lambda: eval_medusa(heads, target, val, limit=200)["mean_accepted"]) if val else None,
-                    val_every_s, log, "medusa")
-    vs = VocabSubset(L, target.config.vocab_size, sampled_vocab) if sampled_vocab is not None else None
-    if vs is not None:
-        log(f"[medusa] sampled softmax over {len(vs.always)} label tokens + {sampled_vocab} random others")
+                    val_every_s, log, "medusa", curve)
+    vs = _vocab_ce(heads.vocab, L, target.config.vocab_size, sampled_vocab, log, "medusa")
     for p in target.parameters():
         p.requires_grad_(False)
     opt = torch.optim.AdamW(heads.parameters(), lr=lr, weight_decay=0.0)
-    out, t0 = TrainLog(), time.time()
+    out, ck = TrainLog(), Checkpoint(ckpt, ckpt_every_s)
+    start = ck.resume(heads, opt, g, out, keep, log)
+    t0 = time.time() - out.seconds
     heads.train()
-    for step in range(steps):
+    for step in range(start, steps):
         for grp in opt.param_groups:
             grp["lr"] = _lr(step, steps, lr, time.time() - t0, max_seconds)
         idx = torch.randint(0, len(H), (batch,), generator=g)
@@ -157,10 +226,12 @@ def train_medusa(heads: MedusaHeads, target, seqs: list[Sequence], steps: int, b
             log(f"[medusa] step {step} loss {loss.item():.3f} per-head {[round(x, 2) for x in per]} "
                 f"({out.seconds:.0f} s)")
         keep.check(out)
+        ck.maybe_save(heads, opt, g, out, keep)
         if out.seconds > max_seconds:
             log(f"[medusa] time budget reached after {step + 1} steps")
             break
     keep.check(out, force=True)
+    ck.maybe_save(heads, opt, g, out, keep, force=True)
     keep.restore()
     heads.eval()
     return out
@@ -228,22 +299,25 @@ def train_eagle(head: EagleHead, target, seqs: list[Sequence], steps: int, batch
                 lr: float = 1e-3, ce_weight: float = 0.5, noise: float = 0.2, unroll: bool = True,
                 max_seconds: float = 1e9, seed: int = 0, log=print, log_every: int = 10,
                 sampled_vocab: int | None = None, val: list[Sequence] | None = None,
-                val_every_s: float = 120.0, weight_decay: float = 0.0) -> TrainLog:
-    """`sampled_vocab`: None = full-vocabulary CE; n = label tokens + n random others per step (VocabSubset).
-    `val`: sequences for early stopping (mean accepted length, 4 draft steps), checked every `val_every_s`."""
+                val_every_s: float = 120.0, weight_decay: float = 0.0, curve=None, ckpt: str | Path | None = None,
+                ckpt_every_s: float = 300.0) -> TrainLog:
+    """`sampled_vocab`: None = full-vocabulary CE; n = label tokens + n random others per step (VocabSubset);
+    ignored when the head has a draft vocabulary (`head.vocab`: CE over exactly it).
+    `val`: sequences for early stopping (mean accepted length, 4 draft steps), checked every `val_every_s`;
+    `curve`: () -> dict of held-out figures logged at each check; `ckpt`: a resumable checkpoint file."""
     g = torch.Generator().manual_seed(seed)
     keep = KeepBest(head, (lambda: eval_eagle(head, target, val, 4, n_rows=head.window, limit=200)["mean_accepted"])
-                    if val else None, val_every_s, log, "eagle")
-    vs = None
-    if sampled_vocab is not None:
-        vs = VocabSubset(torch.cat([s.greedy for s in seqs]), target.config.vocab_size, sampled_vocab)
-        log(f"[eagle] sampled softmax over {len(vs.always)} label tokens + {sampled_vocab} random others")
+                    if val else None, val_every_s, log, "eagle", curve)
+    vs = _vocab_ce(head.vocab, torch.cat([s.greedy for s in seqs]), target.config.vocab_size, sampled_vocab, log,
+                   "eagle")
     for p in target.parameters():
         p.requires_grad_(False)
     opt = torch.optim.AdamW([p for p in head.parameters() if p.requires_grad], lr=lr, weight_decay=weight_decay)
-    out, t0 = TrainLog(), time.time()
+    out, ck = TrainLog(), Checkpoint(ckpt, ckpt_every_s)
+    start = ck.resume(head, opt, g, out, keep, log)
+    t0 = time.time() - out.seconds
     head.train()
-    for step in range(steps):
+    for step in range(start, steps):
         for grp in opt.param_groups:
             grp["lr"] = _lr(step, steps, lr, time.time() - t0, max_seconds)
         width = int(torch.randint(1, head.window + 1, (1,), generator=g))
@@ -259,10 +333,12 @@ def train_eagle(head: EagleHead, target, seqs: list[Sequence], steps: int, batch
             log(f"[eagle] step {step} loss {loss.item():.3f} {({k: round(v, 3) for k, v in parts.items()})} "
                 f"width {width} ({out.seconds:.0f} s)")
         keep.check(out)
+        ck.maybe_save(head, opt, g, out, keep)
         if out.seconds > max_seconds:
             log(f"[eagle] time budget reached after {step + 1} steps")
             break
     keep.check(out, force=True)
+    ck.maybe_save(head, opt, g, out, keep, force=True)
     keep.restore()
     head.eval()
     return out
@@ -312,7 +388,8 @@ def eval_medusa(heads: MedusaHeads, target, seqs: list[Sequence], k: int | None 
     pos = greedy_positions(seqs, k, **kw)
     h = torch.stack([seqs[si].hidden[t] for si, t in pos]).to(target.dtype)
     truth = torch.stack([seqs[si].ids[t + 2: t + 2 + k] for si, t in pos])
-    guess = target.logits(heads(h, k)).argmax(-1).T                   # [N, k]
+    lm = VocabHead(target, heads.vocab)
+    guess = lm.tokens(lm(heads(h, k)).argmax(-1)).T                    # [N, k]
     return acceptance_summary(guess == truth)
 
 

@@ -22,6 +22,7 @@ from lab_utils.spec.base import Proposal, Proposer
 
 CONFIG_NAME = "medusa_config.json"   # not config.json: the model registry treats that as a full model folder
 WEIGHTS_NAME = "model.safetensors"
+VOCAB_KEY = "draft_vocab"   # int64 token ids of the draft vocabulary (absent: the full vocabulary)
 DEFAULT_HEADS = "smollm2-medusa"
 
 
@@ -47,12 +48,14 @@ class MedusaHeads(nn.Module):
             raise ValueError(f"num_heads={num_heads} must be >= 1")
         self.hidden_size, self.num_heads = hidden_size, num_heads
         self.heads = nn.ModuleList(ResBlock(hidden_size) for _ in range(num_heads))
+        self.vocab: torch.Tensor | None = None   # draft vocabulary (token ids), None = the full vocabulary
 
     def forward(self, h: torch.Tensor, num: int | None = None) -> torch.Tensor:
         return torch.stack([head(h) for head in self.heads[: num or self.num_heads]])
 
     def config(self) -> dict:
-        return {"method": "medusa", "hidden_size": self.hidden_size, "num_heads": self.num_heads}
+        return {"method": "medusa", "hidden_size": self.hidden_size, "num_heads": self.num_heads,
+                "draft_vocab": None if self.vocab is None else len(self.vocab)}
 
 
 def resolve_heads_dir(name_or_path: str | None, default: str) -> Path:
@@ -70,13 +73,53 @@ def resolve_heads_dir(name_or_path: str | None, default: str) -> Path:
                      f"(default: {default}; train one with scripts/train_*.py)")
 
 
-def save_heads(module: nn.Module, config: dict, folder: str | Path, config_name: str) -> None:
-    """fp16 safetensors + config json (no lm_head / embedding: they are the target's)."""
+class VocabHead:
+    """The target's (tied, frozen) lm_head, restricted to a head's draft vocabulary when it has one.
+
+    The lm_head (49k x 576 for SmolLM2) is most of a head step's cost; EAGLE-3 and vLLM let a draft score only
+    the V most frequent tokens (a draft vocabulary), which cuts that part by 49152 / V. A token outside the
+    draft vocabulary is never proposed (a miss, never a wrong output: the target verifies every guess).
+    `vocab` None: the full vocabulary."""
+
+    def __init__(self, target, vocab: torch.Tensor | None) -> None:
+        W = target.lm_head.weight.detach()
+        self.size = target.config.vocab_size
+        self.vocab = None if vocab is None else vocab.to(W.device, torch.long)
+        self.weight = W if self.vocab is None else W[self.vocab].contiguous()
+
+    def __call__(self, h: torch.Tensor) -> torch.Tensor:
+        """Logits over the draft vocabulary [..., V]."""
+        return F.linear(h.to(self.weight.dtype), self.weight)
+
+    def tokens(self, idx: torch.Tensor) -> torch.Tensor:
+        """Draft-vocabulary indices -> token ids."""
+        return idx if self.vocab is None else self.vocab[idx]
+
+    def full(self, probs: torch.Tensor) -> torch.Tensor:
+        """A distribution over the draft vocabulary -> the same over the whole vocabulary (zeros elsewhere)."""
+        if self.vocab is None:
+            return probs
+        out = probs.new_zeros(*probs.shape[:-1], self.size)
+        return out.index_copy_(-1, self.vocab.to(probs.device), probs)
+
+
+def top_tokens(labels: torch.Tensor, size: int) -> torch.Tensor:
+    """The `size` most frequent token ids among `labels` (sorted ids): a draft vocabulary."""
+    counts = torch.bincount(labels[labels >= 0].flatten())
+    return torch.sort(torch.argsort(counts, descending=True, stable=True)[:size]).values
+
+
+def save_heads(module: nn.Module, config: dict, folder: str | Path, config_name: str,
+               vocab: torch.Tensor | None = None) -> None:
+    """fp16 safetensors (+ the int64 draft vocabulary, if any) + config json (no lm_head / embedding: they are
+    the target's)."""
     from safetensors.torch import save_file
 
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     state = {k: v.detach().to("cpu", torch.float16).contiguous() for k, v in module.state_dict().items()}
+    if vocab is not None:
+        state[VOCAB_KEY] = vocab.to("cpu", torch.int64).contiguous()
     save_file(state, str(folder / WEIGHTS_NAME))
     (folder / config_name).write_text(json.dumps(config, indent=2) + "\n")
 
@@ -93,6 +136,7 @@ def load_state(folder: Path, config_name: str) -> tuple[dict, dict]:
 def load_medusa(name_or_path: str | None = None) -> MedusaHeads:
     cfg, state = load_state(resolve_heads_dir(name_or_path, DEFAULT_HEADS), CONFIG_NAME)
     heads = MedusaHeads(cfg["hidden_size"], cfg["num_heads"])
+    heads.vocab = state.pop(VOCAB_KEY, None)
     heads.load_state_dict({k: v.float() for k, v in state.items()})
     return heads.eval()
 
@@ -125,6 +169,7 @@ class MedusaProposer(Proposer):
         check_target(self.heads.hidden_size, target_model)
         dev = device if device is not None else target_model.device
         self.heads.to(device=dev, dtype=target_model.dtype)
+        self.lm = VocabHead(target_model, self.heads.vocab)
 
     @torch.no_grad()
     def propose(self, token_ids: list[int], k: int, hidden: torch.Tensor | None = None,
@@ -137,9 +182,9 @@ class MedusaProposer(Proposer):
         if n == 0:
             return Proposal([])
         h = hidden[-1].to(self.target.dtype)
-        logits = self.target.logits(self.heads(h, n))          # [n, vocab]
+        logits = self.lm(self.heads(h, n))                      # [n, draft vocabulary]
         if temperature <= 0:
-            return Proposal(logits.argmax(-1).tolist())
+            return Proposal(self.lm.tokens(logits.argmax(-1)).tolist())
         probs = torch.softmax(logits.float() / temperature, dim=-1)
-        toks = torch.multinomial(probs, 1).squeeze(-1)
-        return Proposal(toks.tolist(), probs)
+        toks = self.lm.tokens(torch.multinomial(probs, 1).squeeze(-1))
+        return Proposal(toks.tolist(), self.lm.full(probs))

@@ -24,7 +24,7 @@ from lab_utils.spec.heads_train import (
     train_eagle,
     train_medusa,
 )
-from lab_utils.spec.medusa import MedusaHeads, MedusaProposer, load_medusa
+from lab_utils.spec.medusa import MedusaHeads, MedusaProposer, VocabHead, load_medusa, top_tokens
 
 TINY = LlamaConfig(vocab_size=100, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4,
                    num_key_value_heads=2)
@@ -72,11 +72,32 @@ def test_shipped_heads_are_small_and_carry_no_lm_head(name, config_name):
     with safe_open(str(folder / "model.safetensors"), "pt") as f:
         names = list(f.keys())
         shapes = {k: f.get_slice(k).get_shape() for k in names}
-        dtypes = {f.get_tensor(k).dtype for k in names}
+        dtypes = {f.get_tensor(k).dtype for k in names if k != "draft_vocab"}
     assert dtypes == {torch.float16}
     assert all(49152 not in s for s in shapes.values())  # the tied embedding / lm_head is the target's
     heads = load_medusa() if "medusa" in name else load_eagle()
     assert all(torch.isfinite(p).all() for p in heads.parameters())
+    if heads.vocab is not None:  # a draft vocabulary: distinct, sorted token ids, the size the config states
+        v = heads.vocab
+        assert v.dtype == torch.int64 and len(v) == cfg["draft_vocab"] and bool((v[1:] > v[:-1]).all())
+        assert 0 <= int(v[0]) and int(v[-1]) < 49152
+
+
+def test_draft_vocabulary_scores_only_its_tokens_and_samples_exactly(tiny64):
+    """VocabHead: logits over the draft vocabulary's rows of the lm_head, token ids mapped back, and a sampled
+    distribution spread back over the whole vocabulary with zeros elsewhere (so the verifier stays exact)."""
+    model, _ = tiny64
+    vocab = top_tokens(torch.tensor([7, 7, 7, 3, 3, 900, 900, 5, -100]), 3)
+    assert vocab.tolist() == [3, 7, 900]
+    lm = VocabHead(model, vocab)
+    h = torch.randn(2, model.config.hidden_size, dtype=model.dtype)
+    full = model.logits(h)
+    assert torch.allclose(lm(h), full[:, vocab])
+    assert lm.tokens(lm(h).argmax(-1)).tolist() == [int(vocab[full[i, vocab].argmax()]) for i in range(2)]
+    p = lm.full(torch.softmax(lm(h), -1))
+    assert p.shape == full.shape and torch.allclose(p.sum(-1), torch.ones(2, dtype=p.dtype))
+    assert float(p[:, [0, 1, 2, 4, 5, 6]].abs().sum()) == 0.0
+    assert VocabHead(model, None).tokens(torch.tensor([5])).tolist() == [5]
 
 
 def test_unknown_heads_name_is_a_clear_error():
