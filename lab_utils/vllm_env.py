@@ -22,6 +22,9 @@ from lab_utils.server.process import ServerProcess, cli_flags, free_port  # noqa
 CACHE_ROOT = REPO_ROOT / ".cache"
 # vLLM's memory check misreads this kind of VM, so on CPU the KV pool is sized explicitly (DESIGN.md section 6)
 DEFAULT_CPU_KV_BYTES = 128 << 20
+# on a GPU vLLM gets a share of the card, not vLLM's own 0.9: the lab engine (or a second learner, or the other
+# disaggregation worker) runs beside it, and vLLM refuses to start when less than its share is free
+DEFAULT_GPU_MEMORY_UTILIZATION = 0.4
 
 
 def env_defaults(threads: int | None = None) -> dict[str, str]:
@@ -92,17 +95,27 @@ def llm_kwargs(
     enable_prefix_caching: bool = True,
     enable_chunked_prefill: bool = True,
     kv_cache_dtype: str = "auto",
-    enforce_eager: bool = True,
+    enforce_eager: bool | None = None,
     max_model_len: int | None = 2048,
-    dtype: str = "float32",
+    dtype: str | None = None,
+    gpu_memory_utilization: float | None = None,
     seed: int = 0,
     **extra,
 ) -> dict:
     """Keyword arguments for `vllm.LLM(model=folder, **kw)` with the lab engine's flag names.
-    `num_gpu_blocks` is vLLM's `num_gpu_blocks_override`. On CPU the KV budget defaults to 128 MiB;
-    `enforce_eager` defaults to True because compiling a graph costs minutes on two cores."""
-    if kv_cache_memory_bytes is None and num_gpu_blocks is None and is_cpu():
+    `num_gpu_blocks` is vLLM's `num_gpu_blocks_override`. Defaults follow the device, as the lab engine's do:
+    on CPU fp32, eager (compiling a graph costs minutes on two cores) and a 128 MiB KV budget; on a GPU bf16,
+    CUDA graphs on and `DEFAULT_GPU_MEMORY_UTILIZATION` of the card (a fair comparison that leaves room for
+    the lab engine beside it)."""
+    cpu = is_cpu()
+    if kv_cache_memory_bytes is None and num_gpu_blocks is None and cpu:
         kv_cache_memory_bytes = DEFAULT_CPU_KV_BYTES
+    if enforce_eager is None:
+        enforce_eager = cpu
+    if dtype is None:
+        dtype = "float32" if cpu else "bfloat16"
+    if gpu_memory_utilization is None and not cpu:
+        gpu_memory_utilization = DEFAULT_GPU_MEMORY_UTILIZATION
     kw = dict(
         max_num_seqs=max_num_seqs,
         enable_prefix_caching=enable_prefix_caching,
@@ -115,6 +128,8 @@ def llm_kwargs(
     )
     if max_model_len is not None:
         kw["max_model_len"] = max_model_len
+    if gpu_memory_utilization is not None:
+        kw["gpu_memory_utilization"] = gpu_memory_utilization
     if max_num_batched_tokens is not None:
         kw["max_num_batched_tokens"] = max_num_batched_tokens
     if block_size is not None:
