@@ -1,0 +1,176 @@
+"""Your engine: the parts you write in the labs, kept as files and run by the real engine.
+
+Each lab's exercise is a part of `LLMEngine` (see `lab_utils.engine.parts`). When its check passes, the lab
+calls `learner.submit(name, fn)`: the function goes into this kernel's registry and its source into a small
+package of your own, `my_engine/` next to the notebooks (one file per component: `scheduler.py`,
+`block_manager.py`, `attention.py`), the way tiny-llm keeps a student package beside its reference one. Later
+labs load those files, so the engine you measure in lab 04 runs the scheduler you wrote in lab 01 and the block
+allocator you wrote in lab 02; a part you skipped falls back to the reference, and `learner.parts()` says so.
+
+    parts = learner.parts(upto="02")                 # yours where you wrote them, else the reference
+    engine = LLMEngine(model, learner.engine_config("02"), parts=parts)
+
+`engine_config(lab)` is the engine as of that lab: lab 01 has what lab 01 taught (one contiguous KV region per
+request, whole prompts, no prefix cache); each later lab switches on what it teaches.
+`LAB_LEARNER_DIR` moves `my_engine/` elsewhere (tests use a temporary folder).
+"""
+from __future__ import annotations
+
+import importlib.util
+import inspect
+import os
+import re
+import textwrap
+from pathlib import Path
+from typing import Callable
+
+from lab_utils.engine.config import EngineConfig
+from lab_utils.engine.parts import PARTS, EngineParts, check_signature
+
+_REGISTRY: dict[str, Callable] = {}  # parts submitted in this kernel (name -> function)
+
+_HEADER = '''"""Your {component} parts, written in the labs and saved by `lab_utils.learner.submit`.
+Edit them in the lab's exercise cell (and submit again), or here; the engine loads this file."""
+from __future__ import annotations
+
+import math
+from collections import deque
+
+import torch
+
+from lab_utils.engine.request import Request, Status
+from lab_utils.engine.scheduler import SchedulerOutput
+'''
+
+
+def learner_dir() -> Path:
+    return Path(os.environ.get("LAB_LEARNER_DIR") or Path.cwd() / "my_engine")
+
+
+def _source(fn: Callable) -> str | None:
+    try:
+        return textwrap.dedent(inspect.getsource(fn))
+    except (OSError, TypeError):
+        return None
+
+
+def _saved_sources(path: Path) -> dict[str, str]:
+    """Top-level functions of a saved file, by name (their source text)."""
+    if not path.exists():
+        return {}
+    text = path.read_text(encoding="utf-8")
+    starts = [(m.start(), m.group(1)) for m in re.finditer(r"^def (\w+)\(", text, re.M)]
+    out = {}
+    for i, (pos, name) in enumerate(starts):
+        end = starts[i + 1][0] if i + 1 < len(starts) else len(text)
+        out[name] = text[pos:end].rstrip() + "\n"
+    return out
+
+
+def submit(name: str, fn: Callable, save: bool = True) -> None:
+    """Make `fn` the engine's part `name` from now on (this kernel), and save its source to my_engine/."""
+    check_signature(name, fn)
+    part = PARTS[name]
+    _REGISTRY[name] = fn
+    where = "this notebook only (its source could not be read)"
+    src = _source(fn)
+    if save and src is not None:
+        folder = learner_dir()
+        folder.mkdir(parents=True, exist_ok=True)
+        path = folder / f"{part.component}.py"
+        funcs = _saved_sources(path)
+        funcs[part.attr] = re.sub(r"^def \w+\(", f"def {part.attr}(", src, count=1, flags=re.M)
+        body = "\n\n".join(funcs[k].rstrip() + "\n" for k in sorted(funcs))
+        path.write_text(_HEADER.format(component=part.component) + "\n\n" + body, encoding="utf-8")
+        where = str(path)
+    print(f"engine part {name} is now yours (saved: {where})")
+
+
+def _load_saved(component: str) -> dict[str, Callable]:
+    path = learner_dir() / f"{component}.py"
+    if not path.exists():
+        return {}
+    spec = importlib.util.spec_from_file_location(f"my_engine_{component}", path)
+    module = importlib.util.module_from_spec(spec)
+    try:
+        spec.loader.exec_module(module)
+    except Exception as err:  # a broken saved file must not stop the lab: say so, use the reference
+        print(f"could not load {path} ({type(err).__name__}: {err}); using the reference parts instead")
+        return {}
+    return {name: getattr(module, PARTS[name].attr) for name in PARTS
+            if PARTS[name].component == component and callable(getattr(module, PARTS[name].attr, None))}
+
+
+def parts(upto: str | None = None, only: list[str] | None = None, quiet: bool = False) -> EngineParts:
+    """Your parts of the labs up to `upto` (this kernel's first, then my_engine/), the reference elsewhere.
+    Prints which version of each part the engine will run, unless `quiet`."""
+    chosen: dict[str, Callable] = {}
+    origins: dict[str, str] = {}
+    for component in {p.component for p in PARTS.values()}:
+        for name, fn in _load_saved(component).items():
+            chosen[name], origins[name] = fn, f"yours ({learner_dir().name}/{component}.py)"
+    for name, fn in _REGISTRY.items():
+        chosen[name], origins[name] = fn, "yours (this notebook)"
+    keep = {n: f for n, f in chosen.items()
+            if (upto is None or PARTS[n].lab <= upto) and (only is None or n in only)}
+    result = EngineParts(keep, {n: origins[n] for n in keep})
+    if not quiet:
+        print("the engine runs:")
+        for line in result.describe().splitlines():
+            lab = line.split()[1]
+            if upto is None or lab <= upto:
+                print(line + ("" if "yours" in line else "   (you have not written it yet)"))
+    return result
+
+
+def forget(name: str | None = None) -> None:
+    """Drop this kernel's submitted parts (all, or one); saved files stay."""
+    if name is None:
+        _REGISTRY.clear()
+    else:
+        _REGISTRY.pop(name, None)
+
+
+# the engine as of each lab: what that lab and the ones before it taught
+_ENGINE_AS_OF = {
+    "01": dict(scheduler="continuous", kv_layout="contiguous", enable_chunked_prefill=False,
+               enable_prefix_caching=False),
+    "02": dict(scheduler="continuous", kv_layout="paged", enable_chunked_prefill=False,
+               enable_prefix_caching=False),
+    "03": dict(scheduler="token_budget", kv_layout="paged", enable_chunked_prefill=True,
+               enable_prefix_caching=False),
+    "04": dict(scheduler="token_budget", kv_layout="paged", enable_chunked_prefill=True,
+               enable_prefix_caching=True),
+}
+
+
+def engine_config(lab: str, **overrides) -> EngineConfig:
+    """`EngineConfig` of the engine as the course has built it by the end of `lab` ("01" .. "04"; later labs
+    start from "04"), with `overrides` on top (sizes, or a switch a lab compares)."""
+    key = max(k for k in _ENGINE_AS_OF if k <= max(lab, "01"))
+    return EngineConfig(**{**_ENGINE_AS_OF[key], **overrides})
+
+
+def show_reference(name: str) -> None:
+    """Show the engine's own version of a part (the code you just rebuilt), as rendered source."""
+    from lab_utils.engine import attention, block_manager, scheduler
+
+    part = PARTS[name]
+    owner = {"scheduler": scheduler.Scheduler, "block_manager": block_manager.BlockManager,
+             "attention": attention}[part.component]
+    obj = getattr(owner, part.attr)
+    src = textwrap.dedent(inspect.getsource(obj))
+    file = Path(inspect.getsourcefile(obj)).relative_to(Path(scheduler.__file__).parents[2])
+    line = inspect.getsourcelines(obj)[1]
+    title = f"The engine's own `{part.attr}` ({file}, line {line}):"
+    try:
+        from IPython import get_ipython
+        from IPython.display import Markdown, display
+
+        if get_ipython() is not None:
+            display(Markdown(f"{title}\n\n```python\n{src}```"))
+            return
+    except ImportError:
+        pass
+    print(title)
+    print(src)
