@@ -116,3 +116,16 @@ def test_acceptance_summary_conditional():
     s = acceptance_summary(torch.tensor([[1, 1, 0], [1, 0, 1], [0, 1, 1]], dtype=torch.bool))
     assert s["top1"] == [pytest.approx(2 / 3, abs=1e-4)] * 3
     assert s["conditional"][1] == 0.5 and s["mean_accepted"] == 1.0
+
+
+def test_payoff_arithmetic():
+    from lab_utils.spec.payoff import breakeven_acceptance, expected_tokens, predicted_speedup
+
+    assert expected_tokens([0.5, 0.5]) == 1.75 and expected_tokens([]) == 1.0
+    assert predicted_speedup(2.0, 4, 0.1, 1.0) == pytest.approx(2.0 / 1.4)
+    a = breakeven_acceptance(4, 0.1, 1.2)
+    assert expected_tokens([a] * 4) == pytest.approx(1.6, abs=1e-4)
+    assert breakeven_acceptance(2, 0.1, 1.0) < a            # a cheaper verify (a GPU's ~1x) pays sooner
+    assert breakeven_acceptance(1, 0.6, 1.5) is None         # 2 tokens can never pay for a cost of 2.1
+    with pytest.raises(ValueError, match="tokens_per_verify"):
+        predicted_speedup(0.5, 4, 0.1, 1.0)

@@ -1,0 +1,42 @@
+"""When speculation pays: the arithmetic of one verify step, in units of one plain target decode step.
+
+A verify step costs `verify_cost` (the target's (k+1)-row pass over a 1-row pass: ~1 on a GPU at batch 1,
+where a step is bound by reading the weights; more on a CPU, where arithmetic shows) plus `k * c` (k proposer
+steps, each c target steps). It yields E = 1 + a_1 + a_1 a_2 + ... tokens (a_i: the conditional acceptance at
+depth i). Plain decoding yields 1 token per target step, so the speed-up is E / (verify_cost + k c), and
+speculation pays when that exceeds 1.
+"""
+from __future__ import annotations
+
+
+def expected_tokens(conditional: list[float]) -> float:
+    """Tokens per verify step from the conditional acceptance at each depth (the accepted guesses + 1)."""
+    total, run = 1.0, 1.0
+    for a in conditional:
+        run *= a
+        total += run
+    return total
+
+
+def predicted_speedup(tokens_per_verify: float, k: int, step_cost: float, verify_cost: float) -> float:
+    """E / (verify_cost + k c)."""
+    if tokens_per_verify < 1 or k < 0 or step_cost < 0 or verify_cost <= 0:
+        raise ValueError(f"need tokens_per_verify >= 1, k >= 0, step_cost >= 0, verify_cost > 0; got "
+                         f"{tokens_per_verify}, {k}, {step_cost}, {verify_cost}")
+    return tokens_per_verify / (verify_cost + k * step_cost)
+
+
+def breakeven_acceptance(k: int, step_cost: float, verify_cost: float, tol: float = 1e-6) -> float | None:
+    """The acceptance a (the same at every depth) at which E(a) = 1 + a + ... + a^k equals the step's cost;
+    None if even a = 1 does not pay (k + 1 tokens <= cost)."""
+    cost = verify_cost + k * step_cost
+    if k + 1 <= cost:
+        return None
+    lo, hi = 0.0, 1.0
+    while hi - lo > tol:
+        mid = (lo + hi) / 2
+        if expected_tokens([mid] * k) < cost:
+            lo = mid
+        else:
+            hi = mid
+    return hi
