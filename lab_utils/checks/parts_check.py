@@ -39,7 +39,7 @@ def _config(rng: random.Random, name: str, block_size: int) -> EngineConfig:
 
 def _request(rng: random.Random, i: int, shared: list[int]) -> Request:
     n = rng.randint(1, 40)
-    head = shared[:rng.randint(0, len(shared))] if rng.random() < 0.5 else []
+    head = shared[:rng.randint(8, len(shared))] if rng.random() < 0.7 else []
     ids = (head + [rng.randrange(100) for _ in range(n)])[:48] or [1]
     return Request(str(i), None, ids, SamplingParams(max_tokens=rng.randint(1, 12), ignore_eos=True), 0.0)
 
@@ -125,7 +125,9 @@ def _call(name: str, fn: Callable, sched: Scheduler, rng: random.Random):
         return bound(req, req.num_computed_tokens + rng.randint(0, 4 * sched.bm.block_size))
     if part.attr == "release":
         used = [b.block_id for b in sched.bm.blocks if b.ref_count > 0]
-        return bound(used[rng.randrange(len(used))]) if used else None
+        shared = [b for b in used if sched.bm.blocks[b].ref_count > 1]  # the case reference counts exist for
+        pick = shared if shared and rng.random() < 0.5 else used
+        return bound(pick[rng.randrange(len(pick))]) if pick else None
     if part.attr == "recycle":
         # a block whose last reference just went: drop it by hand first, then let the part decide its fate
         used = [b for b in sched.bm.blocks if b.ref_count == 1]
