@@ -112,10 +112,13 @@ class LabBackend(Backend):
     name = "lab"
     _runs = itertools.count()
 
-    def __init__(self, model="smollm2-135m", config=None, device: str = "auto", dtype=None, engine=None) -> None:
+    def __init__(self, model="smollm2-135m", config=None, device: str = "auto", dtype=None, engine=None,
+                 parts=None) -> None:
+        """`parts`: the engine parts a learner wrote (`lab_utils.learner.parts()`); None runs the reference."""
         from lab_utils.engine.engine import LLMEngine
 
-        self.engine = engine if engine is not None else LLMEngine(model, config, device=device, dtype=dtype)
+        self.engine = engine if engine is not None else LLMEngine(model, config, device=device, dtype=dtype,
+                                                                   parts=parts)
         m = self.engine.model
         self.model_name = model if isinstance(model, str) else getattr(m, "name", type(m).__name__)
 
