@@ -88,6 +88,16 @@ class GrammarCompiler:
                                                        stop_token_ids=list(stop_token_ids))
         self.compiler = xgr.GrammarCompiler(self.info)
         self.cache: dict[tuple, object] = {}
+        # Special tokens (<|im_start|>, <filename>, ...) are control tokens, never text, but the library may see
+        # them as plain strings (it finds none in a transformers-5 tokenizer): they are cleared from every mask,
+        # the stop tokens excepted. `keep` is the bitmask word row with their bits at 0.
+        special = set(getattr(tokenizer, "all_special_ids", []) or [])
+        special |= {i for i, t in getattr(tokenizer, "added_tokens_decoder", {}).items() if getattr(t, "special", False)}
+        special -= set(stop_token_ids)
+        self.keep = torch.full((1, (vocab_size + 31) // 32), -1, dtype=torch.int32)
+        for i in sorted(t for t in special if 0 <= t < vocab_size):
+            w, b = divmod(i, 32)
+            self.keep[0, w] = int(self.keep[0, w]) & ~(1 << b) if b < 31 else int(self.keep[0, w]) & 0x7FFFFFFF
 
     def compile(self, so: StructuredOutputParams):
         key = so.key()
@@ -184,6 +194,8 @@ class StructuredOutputs:
     def prepare(self, scheduled, plans: dict | None = None) -> None:
         """Before the forward: which rows of this step's logits belong to constrained requests, and start
         filling their masks (worker thread with overlap, else now)."""
+        if self._pending is not None and isinstance(self._pending[1], Future):
+            self._pending[1].exception()  # a step that failed after prepare: let its worker finish first
         self._pending = None
         if not self.matchers:
             return
@@ -224,7 +236,7 @@ class StructuredOutputs:
                     n_ok += 1
             if n_ok:
                 m.rollback(n_ok)
-            masks[rid] = bm
+            masks[rid] = bm & self.compiler.keep
         masks["__fill_ms__"] = (time.perf_counter() - t0) * 1e3
         return masks
 
