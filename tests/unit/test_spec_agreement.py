@@ -129,3 +129,12 @@ def test_payoff_arithmetic():
     assert breakeven_acceptance(1, 0.6, 1.5) is None         # 2 tokens can never pay for a cost of 2.1
     with pytest.raises(ValueError, match="tokens_per_verify"):
         predicted_speedup(0.5, 4, 0.1, 1.0)
+
+
+def test_check_payoff_flags_a_prediction_on_the_wrong_side():
+    from lab_utils.spec.payoff import check_payoff
+
+    claims = check_payoff({"eagle": (1.4, 1.25), "medusa": (0.7, 0.8), "draft": (1.05, 0.9)})
+    assert len(claims) == 3 and "too close" in claims[2]
+    with pytest.raises(AssertionError, match="eagle"):   # negative control
+        check_payoff({"eagle": (1.4, 0.9)})
