@@ -16,7 +16,7 @@ from typing import Annotated, Literal
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator
 
 from lab_utils.engine.engine import LLMEngine
 from lab_utils.engine.sampling_params import MAX_STOP_STRINGS, SEED_RANGE, SamplingParams
@@ -56,6 +56,13 @@ class _Common(BaseModel):
 
 class CompletionRequest(_Common):
     prompt: Annotated[str, StringConstraints(min_length=1)] | Annotated[list[int], Field(min_length=1)]
+
+    @field_validator("prompt", mode="before")
+    @classmethod
+    def _one_prompt(cls, v):
+        if (isinstance(v, str) and v) or (isinstance(v, list) and v and all(type(t) is int for t in v)):
+            return v
+        raise ValueError("must be a non-empty string or a non-empty list of token ids (ints); one prompt per request")
 
 
 class ChatMessage(BaseModel):
@@ -122,15 +129,15 @@ def create_app(engine: LLMEngine, model_name: str, max_tokens_cap: int = 1024, a
             message = str(exc).removeprefix("SamplingParams.")
             raise APIError(400, message, param=message.split("=")[0]) from None
 
-    def token_ids(prompt: str | list[int]) -> list[int]:
+    def token_ids(prompt: str | list[int], param: str) -> list[int]:
         """Text -> ids (once, here); ids are checked by the engine's add_request."""
         if isinstance(prompt, list):
             return prompt
         try:
             return engine.tokenizer(prompt, add_special_tokens=False).input_ids
         except (TypeError, ValueError, UnicodeError) as exc:
-            raise APIError(400, f"the prompt cannot be tokenized ({type(exc).__name__}): send valid UTF-8 text "
-                                f"(no lone surrogates such as \\ud800)", param="prompt") from None
+            raise APIError(400, f"{param}: the text cannot be tokenized ({type(exc).__name__}): send valid UTF-8 "
+                                f"text (no lone surrogates such as \\ud800)", param=param) from None
 
     def submit(ids: list[int], params: SamplingParams, param: str) -> Stream:
         """Check the request against this engine and queue it; every refusal is an HTTP error, sent before any
@@ -222,7 +229,7 @@ def create_app(engine: LLMEngine, model_name: str, max_tokens_cap: int = 1024, a
     async def completions(req: CompletionRequest):
         check_model(req.model)
         params = to_params(req, req.max_tokens)
-        return await complete(token_ids(req.prompt), params, "text", req.stream, "prompt")
+        return await complete(token_ids(req.prompt, "prompt"), params, "text", req.stream, "prompt")
 
     @app.post("/v1/chat/completions")
     async def chat(req: ChatRequest):
@@ -234,7 +241,7 @@ def create_app(engine: LLMEngine, model_name: str, max_tokens_cap: int = 1024, a
         except Exception as exc:  # noqa: BLE001 - a template that refuses these messages is the client's problem
             raise APIError(400, f"the chat template refused these messages ({type(exc).__name__}: {exc}); check "
                                 f"the roles' order and the contents' text", param="messages") from None
-        return await complete(token_ids(prompt), params, "chat", req.stream, "messages")
+        return await complete(token_ids(prompt, "messages"), params, "chat", req.stream, "messages")
 
     return app
 

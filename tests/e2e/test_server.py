@@ -3,56 +3,21 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
-import threading
-import time
 
 import httpx
 import pytest
-import torch
+from _server_utils import MODEL, UvicornThread, tiny_engine, wait_idle
 
-from lab_utils import EngineConfig, LLMEngine, load_model
 from lab_utils.server.app import create_app
-
-MODEL = "tiny-random"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class _Server:
-    def __init__(self, app, port: int) -> None:
-        import uvicorn
-
-        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
-        self.url = f"http://127.0.0.1:{port}"
-
-    def __enter__(self):
-        self.thread.start()
-        deadline = time.time() + 30
-        while not self.server.started:
-            assert time.time() < deadline, "server did not start in 30 s"
-            time.sleep(0.05)
-        return self
-
-    def __exit__(self, *exc):
-        self.server.should_exit = True
-        self.thread.join(timeout=30)
 
 
 @pytest.fixture(scope="module")
 def server():
-    model, tok = load_model(MODEL, device="cpu", dtype=torch.float32)
-    engine = LLMEngine((model, tok), EngineConfig(max_num_seqs=64, max_num_batched_tokens=512), device="cpu")
+    engine = tiny_engine()
     app = create_app(engine, MODEL, max_tokens_cap=64, api_key="sk-test")
-    with _Server(app, _free_port()) as srv:
+    with UvicornThread(app) as srv:
         srv.engine = engine
         yield srv
-    app.state.async_engine.shutdown()
 
 
 H = {"Authorization": "Bearer sk-test"}
@@ -151,7 +116,7 @@ def test_200_concurrent_streams_all_complete(server):
 
     counts = asyncio.run(main())
     assert counts == [8] * 200, f"{sum(c != 8 for c in counts)} of 200 streams lost tokens"
-    _wait_idle(server.engine)
+    wait_idle(server.engine)
 
 
 def test_disconnects_free_every_block(server):
@@ -162,20 +127,13 @@ def test_disconnects_free_every_block(server):
             return await asyncio.wait_for(
                 asyncio.gather(*[_stream_tokens(client, server.url, 64, stop_after=3) for _ in range(20)]), timeout=120)
 
-    _wait_idle(server.engine)
+    wait_idle(server.engine)
     before = server.engine.stats()
     assert asyncio.run(main()) == [3] * 20
-    _wait_idle(server.engine)
+    wait_idle(server.engine)
     after = server.engine.stats()
     aborted = after["num_aborted"] - before["num_aborted"]
     finished = after["num_finished"] - before["num_finished"]
     assert aborted + finished == 20, f"{20 - aborted - finished} of 20 disconnected requests never ended"
     assert aborted >= 1, "no disconnect aborted its request: every one ran to max_tokens"
     server.engine.block_manager.check_all_free()
-
-
-def _wait_idle(engine, timeout: float = 30) -> None:
-    deadline = time.time() + timeout
-    while engine.scheduler.has_work():
-        assert time.time() < deadline, f"engine still busy: {engine.stats()}"
-        time.sleep(0.05)
