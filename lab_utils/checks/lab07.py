@@ -98,3 +98,48 @@ def check_accept_reject(fn: Callable, seed: int | None = None, cases: int = 60) 
                 hint = f"after rejecting position {n_exp}, use the residual of p[{n_exp}] and q[{n_exp}]"
             raise AssertionError(f"case {c}: {where}\n   dist: expected {d_exp.tolist()}\n   got {d_got}\n   hint: {hint}")
     print(f"check_accept_reject passed: {cases} chains (full accepts, early and late rejections)")
+
+
+# --- the lab's closing claims --------------------------------------------------------------------------------
+
+NEAR_TIE = 1e-3  # a greedy output may differ from plain decoding only where the top-2 logits are this close
+
+
+def claims(r: dict) -> list[tuple[str, bool]]:
+    """Lab 07's claims from the run's measurements `r` (built in the notebook's claims cell).
+
+    `gaps`: {config: [top-2 logit gap at each output that differs from plain greedy]}; `acceptance` / `speedup`:
+    per engine configuration of section 4."""
+    from lab_utils.checks.claims import need
+
+    need(r, "chi2_good", "chi2_bad", "chi2_crit", "worst_z", "gammas", "gaps", "n_configs", "ngram_speedup",
+         "verify_cost_ratio", "acceptance", "speedup")
+    crit, gaps = r["chi2_crit"], r["gaps"]
+    worst_gap = max((g for v in gaps.values() for g in v), default=0.0)
+    best_k = max(r["ngram_speedup"], key=r["ngram_speedup"].get)
+    best = r["ngram_speedup"][best_k]
+    out = [
+        (f"speculative sampling keeps p: chi-square {r['chi2_good']:.1f} < {crit}", r["chi2_good"] < crit),
+        (f"the negative control (resampling from p instead of the residual) is caught: chi-square "
+         f"{r['chi2_bad']:.1f} > {crit}", r["chi2_bad"] > crit),
+        (f"check of the verifier (i.i.d. guesses, where the formula's assumption holds): (1 - a^(g+1)) / (1 - a) "
+         f"matches the simulation within 4 standard errors (worst {r['worst_z']:.1f}) for g in {list(r['gammas'])}",
+         r["worst_z"] < 4),
+        (f"greedy output token-identical to plain decoding for {r['n_configs']} speculative configurations, apart "
+         f"from near-ties < {NEAR_TIE:g} (worst gap at a difference: {worst_gap:.2g})", worst_gap < NEAR_TIE),
+        (f"n-gram lookup pays at batch 1 on copy-heavy prompts: {best:.2f}x wall-time speed-up (k={best_k}); a "
+         f"5-token pass costs {r['verify_cost_ratio']:.1f}x a 1-token pass here", best > 1.0),
+    ]
+    acc = r["acceptance"]
+    if "self-draft k=3" in acc and "draft k=4" in acc:  # section 4's reason for the self-draft
+        a_self, a_dist = acc["self-draft k=3"] or 0.0, acc["draft k=4"] or 0.0
+        out.append((f"the quantized self-draft's guesses are kept more often than the distilled draft's: "
+                    f"{a_self:.0%} vs {a_dist:.0%}", a_self > a_dist))
+    return out
+
+
+def assert_claims(r: dict, show: bool = True) -> None:
+    """Print lab 07's claims; AssertionError naming each one that fails."""
+    from lab_utils.checks.claims import report
+
+    report(claims(r), show)

@@ -1,0 +1,55 @@
+"""Negative controls for lab 07's claims: a good run passes, each perturbed measurement fails its claim."""
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+from lab_utils.checks import lab07
+
+
+def good() -> dict:
+    acc = {"none": None, "ngram k=2": 0.86, "ngram k=4": 0.8, "ngram k=8": 0.69, "draft k=4": 0.07,
+           "self-draft k=3": 0.985, "medusa k=4": 0.06, "eagle k=4": 0.07}
+    return dict(chi2_good=2.8, chi2_bad=395.0, chi2_crit=20.515, worst_z=1.3, gammas=[1, 2, 4], gaps={},
+                n_configs=7, ngram_speedup={2: 1.77, 4: 2.01, 8: 2.17}, verify_cost_ratio=1.5, acceptance=acc,
+                speedup={n: 1.0 for n in acc})
+
+
+def test_a_good_run_passes(capsys):
+    lab07.assert_claims(good())
+    assert "FAIL" not in capsys.readouterr().out
+
+
+def test_a_near_tie_is_not_a_failure():
+    r = good()
+    r["gaps"] = {"ngram k=8": [2e-4]}
+    lab07.assert_claims(r, show=False)
+
+
+def test_without_both_drafts_the_comparison_is_left_out():
+    r = good()
+    del r["acceptance"]["draft k=4"]
+    assert not any("self-draft" in text for text, _ in lab07.claims(r))
+
+
+def with_(key: str, value, sub=None) -> dict:
+    r = copy.deepcopy(good())
+    if sub is None:
+        r[key] = value
+    else:
+        r[key][sub] = value
+    return r
+
+
+@pytest.mark.parametrize("key, sub, value, message", [
+    ("chi2_good", None, 45.0, "keeps p"),                           # a verifier that resamples from p
+    ("chi2_bad", None, 5.0, "negative control"),                    # a test too weak to catch it
+    ("worst_z", None, 6.0, "check of the verifier"),
+    ("gaps", None, {"draft k=4": [0.4]}, "token-identical"),        # a rollback that corrupts the KV
+    ("ngram_speedup", None, {2: 0.8, 4: 0.9, 8: 0.7}, "n-gram lookup pays"),
+    ("acceptance", "self-draft k=3", 0.05, "self-draft's guesses"),
+])
+def test_each_claim_fails_on_a_wrong_measurement(key, sub, value, message):
+    with pytest.raises(AssertionError, match=message):
+        lab07.assert_claims(with_(key, value, sub), show=False)
