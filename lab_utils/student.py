@@ -18,7 +18,12 @@ becomes, in the learner's copy,
 
 Outputs and execution counts are cleared and cells that held a solution get the tag `exercise`. The transform
 is a pure function of the source notebook, so running it twice writes the same bytes (idempotent), and running
-it on a learner copy changes nothing.
+it on a learner copy changes nothing. `--keep-existing` (what `make lab` runs) writes only the copies that are
+missing, so a learner's work in `student/` is never overwritten.
+
+    python -m lab_utils student --stats        (how much code the learner writes, per lab)
+
+counts the learner-written lines: the lines inside solution regions, comments and blank lines excluded.
 """
 from __future__ import annotations
 
@@ -162,8 +167,11 @@ def lab_notebooks(labs_dir: Path) -> list[Path]:
     return sorted(p for p in Path(labs_dir).glob("*.ipynb") if not p.name.startswith("."))
 
 
-def write_student_copies(labs_dir: Path, out_dir: Path, quiet: bool = False) -> list[Path]:
-    """Write the learner copy of every lab in `labs_dir` into `out_dir` (plus the syllabus). Idempotent."""
+def write_student_copies(labs_dir: Path, out_dir: Path, quiet: bool = False,
+                         keep_existing: bool = False) -> list[Path]:
+    """Write the learner copy of every lab in `labs_dir` into `out_dir` (plus the syllabus). Idempotent.
+    With `keep_existing`, a copy already in `out_dir` is left as it is (it holds the learner's work) and only
+    missing copies are written; a kept copy that differs from a fresh one is named, with how to start over."""
     labs_dir, out_dir = Path(labs_dir).resolve(), Path(out_dir).resolve()
     if out_dir == labs_dir:
         raise ValueError(f"--out {out_dir} is the labs folder itself: that would overwrite the solutions")
@@ -175,9 +183,14 @@ def write_student_copies(labs_dir: Path, out_dir: Path, quiet: bool = False) -> 
         n_ex = len(exercise_cells(nb))
         dst = out_dir / src.name
         text = nbformat.writes(student) + "\n"
+        written.append(dst)
+        if dst.exists() and keep_existing:
+            if not quiet and dst.read_text(encoding="utf-8") != text:
+                print(f"{src.name}: kept your copy {dst} (it differs from a fresh one; to start this lab over, "
+                      f"delete it and run this again)")
+            continue
         if not dst.exists() or dst.read_text(encoding="utf-8") != text:
             dst.write_text(text, encoding="utf-8")
-        written.append(dst)
         if not quiet:
             print(f"{src.name}: {n_ex} exercise cell(s) stripped -> {dst}")
     readme = labs_dir / "README.md"
@@ -188,8 +201,103 @@ def write_student_copies(labs_dir: Path, out_dir: Path, quiet: bool = False) -> 
     return written
 
 
+# -- how much code the learner writes ----------------------------------------------------------------------
+CORE_LABS = ("00", "04")  # the engine core: the first and last lab of the one-day path
+
+
+def code_lines(lines: list[str]) -> int:
+    """Lines a learner writes: not blank, not a comment."""
+    return sum(1 for line in lines if line.strip() and not line.strip().startswith("#"))
+
+
+def exercise_sizes(nb: nbformat.NotebookNode, name: str = "notebook") -> list[int]:
+    """Learner-written lines of each exercise cell of a lab (the code inside its solution regions), in order."""
+    sizes = []
+    for i in exercise_cells(nb):
+        lines = nb.cells[i].source.split("\n")
+        sizes.append(sum(code_lines(lines[r.start + 1:r.end])
+                         for r in find_regions(nb.cells[i].source, where=f"{name}, cell {i}")))
+    return sizes
+
+
+@dataclass(frozen=True)
+class LabStats:
+    lab: str  # "00"
+    name: str  # "00_foundations"
+    sizes: tuple[int, ...]  # learner-written lines per exercise cell
+
+    @property
+    def lines(self) -> int:
+        return sum(self.sizes)
+
+    @property
+    def largest(self) -> int:
+        return max(self.sizes, default=0)
+
+
+def lab_stats(labs_dir: Path) -> list[LabStats]:
+    out = []
+    for path in lab_notebooks(labs_dir):
+        nb = nbformat.read(path, as_version=4)
+        out.append(LabStats(path.stem.split("_", 1)[0], path.stem, tuple(exercise_sizes(nb, path.name))))
+    return out
+
+
+def _total(stats: list[LabStats]) -> tuple[int, int, int]:
+    return sum(len(s.sizes) for s in stats), sum(s.lines for s in stats), max((s.largest for s in stats), default=0)
+
+
+def core_stats(stats: list[LabStats]) -> list[LabStats]:
+    return [s for s in stats if CORE_LABS[0] <= s.lab <= CORE_LABS[1]]
+
+
+def stats_table(stats: list[LabStats]) -> str:
+    """Per lab: exercises, learner-written lines, the largest exercise; then labs 00-04 and all labs."""
+    rows = [f"{'lab':4s} {'notebook':30s} {'exercises':>9s} {'lines':>7s} {'largest':>8s}"]
+    rows += [f"{s.lab:4s} {s.name:30s} {len(s.sizes):9d} {s.lines:7d} {s.largest:8d}" for s in stats]
+    rows.append("-" * len(rows[0]))
+    core = f"labs {CORE_LABS[0]}-{CORE_LABS[1]}"
+    for label, group in ((core, core_stats(stats)), ("all labs (total)", stats)):
+        n, lines, largest = _total(group)
+        rows.append(f"{label:35s} {n:9d} {lines:7d} {largest:8d}")
+    return "\n".join(rows)
+
+
+def threshold_problems(stats: list[LabStats], min_total: int | None = None,
+                       max_exercise: int | None = None) -> list[str]:
+    """What misses the course's targets: at least `min_total` learner lines in labs 00-04, no exercise (any
+    lab) above `max_exercise` lines. Empty when every target given is met."""
+    problems = []
+    core_lines = _total(core_stats(stats))[1]
+    if min_total is not None and core_lines < min_total:
+        problems.append(f"labs {CORE_LABS[0]}-{CORE_LABS[1]} have {core_lines} learner-written lines; "
+                        f"the target is at least {min_total}")
+    if max_exercise is not None:
+        for s in stats:
+            for k, n in enumerate(s.sizes):
+                if n > max_exercise:
+                    problems.append(f"{s.name}: exercise {k + 1} has {n} lines; the target is at most "
+                                    f"{max_exercise} (split it)")
+    return problems
+
+
+def _stats(args: argparse.Namespace) -> int:
+    stats = lab_stats(args.labs_dir)
+    print(f"learner-written code in {args.labs_dir} (lines inside solution regions; comments and blank lines "
+          f"excluded):")
+    print(stats_table(stats))
+    problems = threshold_problems(stats, args.min_total, args.max_exercise)
+    for p in problems:
+        print(f"below target: {p}")
+    return 1 if problems else 0
+
+
 def _run(args: argparse.Namespace) -> int:
-    written = write_student_copies(args.labs_dir, args.out, quiet=args.quiet)
+    if args.stats:
+        return _stats(args)
+    if args.min_total is not None or args.max_exercise is not None:
+        raise SystemExit("--min-total and --max-exercise go with --stats")
+    written = write_student_copies(args.labs_dir, args.out, quiet=args.quiet, keep_existing=args.keep_existing)
     if not args.quiet:
         print(f"{len(written)} learner cop{'y' if len(written) == 1 else 'ies'} in {Path(args.out).resolve()}")
     return 0
@@ -201,4 +309,12 @@ def register(subparsers) -> None:
     p.add_argument("--out", type=Path, default=REPO_ROOT / "student", help="output folder (default: student/)")
     p.add_argument("--labs-dir", type=Path, default=REPO_ROOT / "labs", help="source labs (default: labs/)")
     p.add_argument("--quiet", action="store_true")
+    p.add_argument("--keep-existing", action="store_true",
+                   help="write only the missing copies; never overwrite one (it holds the learner's work)")
+    p.add_argument("--stats", action="store_true",
+                   help="print the learner-written lines per lab (no copies written)")
+    p.add_argument("--min-total", type=int, metavar="N",
+                   help=f"with --stats: exit 1 if labs {CORE_LABS[0]}-{CORE_LABS[1]} have fewer than N lines")
+    p.add_argument("--max-exercise", type=int, metavar="N",
+                   help="with --stats: exit 1 if an exercise has more than N lines")
     p.set_defaults(func=_run)

@@ -2,8 +2,10 @@
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
+from pathlib import Path
 
 import nbformat
 import pytest
@@ -161,3 +163,137 @@ def test_cli_writes_copies(tmp_path):
 
 def test_module_documents_the_markers():
     assert student.BEGIN == "### BEGIN SOLUTION" and student.END == "### END SOLUTION"
+
+
+# ------------------------------------------------------------------ make lab: never overwrite a learner's work
+def test_keep_existing_writes_missing_copies_and_keeps_the_learners(tmp_path, capsys):
+    labs, out = tmp_path / "labs", tmp_path / "student"
+    labs.mkdir()
+    nbformat.write(synthetic_lab(), labs / "98_first.ipynb")
+    nbformat.write(synthetic_lab(), labs / "99_second.ipynb")
+    write_student_copies(labs, out, quiet=True)
+    mine = out / "98_first.ipynb"
+    mine.write_text(mine.read_text().replace("print(N)", "print(N)  # my work"))
+    (out / "99_second.ipynb").unlink()
+    write_student_copies(labs, out, keep_existing=True)
+    assert "# my work" in mine.read_text(), "make lab must never overwrite a learner's copy"
+    assert (out / "99_second.ipynb").exists(), "a missing copy is written"
+    said = capsys.readouterr().out
+    assert "98_first.ipynb: kept your copy" in said and "delete it" in said
+    write_student_copies(labs, out)  # `make student`: a fresh copy from labs/
+    assert "# my work" not in mine.read_text()
+
+
+# ------------------------------------------------------------------------- how much code the learner writes
+def test_exercise_sizes_count_code_lines_inside_regions_only():
+    # EXERCISE: 2 code lines (the hint, the later comment and the docstring outside the region do not count);
+    # the class cell: one line in each of its two regions; the top-level cell: `N = 30`
+    assert student.exercise_sizes(synthetic_lab()) == [2, 2, 1]
+    assert student.code_lines(["", "   ", "# c", "  # c", "x = 1", "  return x  # note"]) == 2
+
+
+def _stats_labs(tmp_path, sizes: dict[str, int]) -> Path:
+    """A labs folder whose lab NN has one exercise of `sizes[NN]` code lines (plus a comment and a blank)."""
+    labs = tmp_path / "labs"
+    labs.mkdir()
+    for lab, n in sizes.items():
+        nb = V4.new_notebook()
+        body = "\n".join(f"    x{k} = {k}" for k in range(n))
+        nb.cells = [V4.new_code_cell(f"def f():\n    ### BEGIN SOLUTION\n    # Hint: h\n\n{body}\n"
+                                     f"    ### END SOLUTION\n")]
+        nbformat.write(nb, labs / f"{lab}_lab.ipynb")
+    return labs
+
+
+def test_stats_table_rows_and_totals(tmp_path):
+    labs = _stats_labs(tmp_path, {"00": 3, "04": 50, "05": 7})
+    stats = student.lab_stats(labs)
+    assert [(s.lab, s.sizes, s.lines, s.largest) for s in stats] == [
+        ("00", (3,), 3, 3), ("04", (50,), 50, 50), ("05", (7,), 7, 7)]
+    table = student.stats_table(stats).splitlines()
+    assert table[0].split() == ["lab", "notebook", "exercises", "lines", "largest"]
+    assert table[1].split() == ["00", "00_lab", "1", "3", "3"]
+    assert table[-2].split() == ["labs", "00-04", "2", "53", "50"]
+    assert table[-1].split() == ["all", "labs", "(total)", "3", "60", "50"]
+
+
+def test_stats_thresholds(tmp_path):
+    stats = student.lab_stats(_stats_labs(tmp_path, {"00": 3, "04": 50, "05": 7}))
+    assert student.threshold_problems(stats) == []
+    assert student.threshold_problems(stats, min_total=53, max_exercise=50) == []
+    problems = student.threshold_problems(stats, min_total=120, max_exercise=40)
+    assert len(problems) == 2
+    assert "53 learner-written lines" in problems[0] and "at least 120" in problems[0]
+    assert problems[1].startswith("04_lab: exercise 1 has 50 lines")
+
+
+def test_stats_cli_prints_the_table_and_exits_on_thresholds(tmp_path):
+    labs = _stats_labs(tmp_path, {"01": 4, "02": 41})
+
+    def cli(*extra):
+        return subprocess.run([sys.executable, "-m", "lab_utils", "student", "--stats", "--labs-dir", str(labs),
+                               *extra], check=False, capture_output=True, text=True, timeout=120)
+
+    ok = cli()
+    assert ok.returncode == 0, ok.stderr
+    assert "02_lab" in ok.stdout and "labs 00-04" in ok.stdout and "below target" not in ok.stdout
+    assert not (tmp_path / "student").exists()
+    bad = cli("--min-total", "120", "--max-exercise", "40")
+    assert bad.returncode == 1 and "below target: labs 00-04 have 45" in bad.stdout
+    assert "02_lab: exercise 1 has 41 lines" in bad.stdout
+
+
+def test_stats_of_the_real_labs_cover_every_lab():
+    stats = student.lab_stats(student.REPO_ROOT / "labs")
+    assert [s.name for s in stats] == [p.stem for p in LABS]
+    assert all(s.sizes and s.lines > 0 for s in stats), "every lab has an exercise with code in it"
+
+
+# ---------------------------------------------------------------- the learner copies hold no solution text
+LABS = sorted((student.REPO_ROOT / "labs").glob("*.ipynb"))
+_TRIVIAL_RE = re.compile(r"^(?:[\s()\[\]{}:,]*|(?:else|try|finally|pass|break|continue|return)\s*:?)$")
+
+
+def solution_leaks(lab: nbformat.NotebookNode, copy: nbformat.NotebookNode) -> list[str]:
+    """Code lines of a solution region that are still in the learner copy's cell (lines with no content of
+    their own, like `else:`, `break` or a closing bracket, aside), and outputs left in the copy."""
+    leaks = []
+    for i in exercise_cells(lab):
+        src = lab.cells[i].source.split("\n")
+        learner = {line.strip() for line in copy.cells[i].source.split("\n")}
+        for r in student.find_regions(lab.cells[i].source):
+            for line in src[r.start + 1:r.end]:
+                text = line.strip()
+                if text and not text.startswith("#") and not _TRIVIAL_RE.match(text) and text in learner:
+                    leaks.append(f"cell {i}: {text}")
+    leaks += [f"cell {i}: an output" for i, c in enumerate(copy.cells) if c.cell_type == "code" and c.outputs]
+    return leaks
+
+
+def test_solution_leaks_catches_a_line_given_away():
+    lab = synthetic_lab()
+    lab.cells[3].source = "half = x.shape[-1] // 2\n" + lab.cells[3].source  # the author gave a line away
+    copy = make_student_notebook(lab, "lab99")
+    assert solution_leaks(lab, copy) == ["cell 3: half = x.shape[-1] // 2"]
+    assert solution_leaks(synthetic_lab(), make_student_notebook(synthetic_lab(), "lab99")) == []
+
+
+@pytest.fixture(scope="module")
+def learner_copies(tmp_path_factory) -> Path:
+    """The learner copies as `make lab` and Binder write them."""
+    out = tmp_path_factory.mktemp("student")
+    write_student_copies(student.REPO_ROOT / "labs", out, quiet=True)
+    return out
+
+
+@pytest.mark.parametrize("lab", LABS, ids=[p.stem for p in LABS])
+def test_learner_copy_holds_no_solution_text(lab, learner_copies):
+    source = nbformat.read(lab, as_version=4)
+    copy = nbformat.read(learner_copies / lab.name, as_version=4)
+    assert len(copy.cells) == len(source.cells)
+    assert exercise_cells(source), f"{lab.name} has no exercise"
+    text = "\n".join(c.source for c in copy.cells)
+    assert student.BEGIN not in text and student.END not in text
+    leaks = solution_leaks(source, copy)
+    assert not leaks, (f"the learner copy of {lab.name} gives solution lines away (move them inside the solution "
+                       f"region, or out of the exercise cell):\n" + "\n".join(leaks))
