@@ -146,6 +146,19 @@ class StructuredOutputs:
         self.step_log: list[dict] = []  # steps with >= 1 constrained row: times in ms
         self.record: dict[str, list[torch.Tensor]] = {}  # request id -> bitmask rows used, when asked for
 
+    def use(self, mask_fn: MaskFn | None = None, advance_fn: AdvanceFn | None = None,
+            overlap: bool | None = None) -> "StructuredOutputs":
+        """Swap in a mask step (a learner's `apply_token_bitmask` / `advance_matcher`) or flip the overlap;
+        None keeps what is there. Returns self."""
+        for name, fn in (("mask_fn", mask_fn), ("advance_fn", advance_fn)):
+            if fn is not None and not callable(fn):
+                raise TypeError(f"{name} must be a function, got {type(fn).__name__}")
+        self.mask_fn = mask_fn or self.mask_fn
+        self.advance_fn = advance_fn or self.advance_fn
+        if overlap is not None:
+            self.overlap = bool(overlap)
+        return self
+
     # -- requests ---------------------------------------------------------------------------------------
     @property
     def compiler(self) -> GrammarCompiler:
