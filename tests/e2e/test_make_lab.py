@@ -1,6 +1,8 @@
-"""`make lab` (the README's first command) starts JupyterLab on localhost: it answers, then we stop it."""
+"""`make lab` (the README's first command) writes the learner copies into student/ and starts JupyterLab on them,
+on localhost: it answers and serves a learner copy (solutions stripped), then we stop it."""
 from __future__ import annotations
 
+import json
 import os
 import secrets
 import shutil
@@ -44,7 +46,15 @@ def test_make_lab_serves_jupyterlab(tmp_path):
             out = proc.stdout.read().decode(errors="replace") if proc.poll() is not None else "(still running)"
             pytest.fail(f"make lab did not serve JupyterLab on port {port}: {out[-2000:]}")
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/contents/?token={token}", timeout=10) as r:
-            assert b"00_foundations" in r.read(), "JupyterLab should open on labs/"
+            names = {item["name"] for item in json.load(r)["content"]}
+        assert "00_foundations.ipynb" in names, f"JupyterLab should open on the learner copies (student/): {names}"
+        url = f"http://127.0.0.1:{port}/api/contents/00_foundations.ipynb?token={token}"
+        with urllib.request.urlopen(url, timeout=10) as r:
+            cells = json.load(r)["content"]["cells"]
+        sources = "\n".join(c["source"] for c in cells)
+        assert "### BEGIN SOLUTION" not in sources, "make lab serves the solved notebook, not the learner copy"
+        assert any("exercise" in c["metadata"].get("tags", []) for c in cells), "no exercise cell in the copy"
+        assert (REPO / "student" / "00_foundations.ipynb").exists()
     finally:
         for sig in (signal.SIGTERM, signal.SIGKILL):
             try:

@@ -3,9 +3,10 @@
 - `run-labs` on synthetic labs: pass / fail / exit code / RESULTS in the report (a few seconds of kernels);
 - `run-labs --only 00 --smoke` on the real lab 00: papermill's parameter injection end to end (the other labs
   run once, under nbval, in `make test`; running them again here would double CI time);
-- every `labs/*.ipynb` (picked up automatically): its learner copy stops at the first exercise with
-  `NotImplementedError` carrying the hint, not earlier and not with another error. Only the cells up to that
-  exercise and its check are executed.
+- every `labs/*.ipynb` (picked up automatically): its learner copy, written by `python -m lab_utils student` as
+  `make lab` and Binder write it and run from its own folder as a learner runs it, stops at the first exercise
+  with `NotImplementedError` carrying the hint, not earlier and not with another error. Only the cells up to
+  that exercise and its check are executed. (tests/unit/test_student.py checks that no copy holds solution text.)
 """
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ import nbformat
 import pytest
 
 from lab_utils.paths import REPO_ROOT
-from lab_utils.student import exercise_cells, find_regions, first_exercise_index, make_student_notebook
+from lab_utils.student import exercise_cells, find_regions, first_exercise_index, write_student_copies
 
 pytestmark = pytest.mark.notebooks
 
@@ -139,22 +140,26 @@ def test_run_labs_lab00_smoke_writes_report(tmp_path):
     assert injected and "SMOKE = True" in injected[0].source and "INTERACTIVE = False" in injected[0].source
 
 
-def assert_student_copy_stops_at_first_exercise(lab: Path) -> None:
-    """Execute the learner copy of `lab` up to its first exercise (and that exercise's check cell)."""
+def assert_student_copy_stops_at_first_exercise(lab: Path, student_dir: Path) -> None:
+    """Execute the learner copy of `lab` in `student_dir` (written there if missing) up to its first exercise
+    (and that exercise's check cell), in that folder, with the learner's saved parts in a folder of its own."""
     from nbclient import NotebookClient
     from nbclient.exceptions import CellExecutionError
 
     source = nbformat.read(lab, as_version=4)
     assert exercise_cells(source), f"{lab.name} has no '### BEGIN SOLUTION' exercise: every lab needs one"
-    student = make_student_notebook(source, lab.name)
+    if not (student_dir / lab.name).exists():
+        write_student_copies(lab.parent, student_dir, quiet=True)
+    student = nbformat.read(student_dir / lab.name, as_version=4)
     first = first_exercise_index(student)
+    assert first is not None, f"{student_dir / lab.name} has no cell tagged 'exercise'"
     hints = [r.hint for r in find_regions(source.cells[first].source)]
     # the exercise cell may only define a function: then its check (the next code cell) is what raises
     check = next((i for i in range(first + 1, len(student.cells)) if student.cells[i].cell_type == "code"), first)
     student.cells = student.cells[:check + 1]
 
     client = NotebookClient(student, timeout=900, kernel_name="python3",
-                            resources={"metadata": {"path": str(lab.parent)}})
+                            resources={"metadata": {"path": str(student_dir)}})
     try:
         client.execute()
     except CellExecutionError:
@@ -173,11 +178,26 @@ def assert_student_copy_stops_at_first_exercise(lab: Path) -> None:
     assert out.get("evalue") in hints, f"{lab.name}: error message {out.get('evalue')!r} is not a hint of {hints}"
 
 
+@pytest.fixture(scope="module")
+def student_dir(tmp_path_factory) -> Path:
+    """Every lab's learner copy, written once by the command `make lab` and Binder run."""
+    out = tmp_path_factory.mktemp("student")
+    proc = subprocess.run([sys.executable, "-m", "lab_utils", "student", "--out", str(out), "--keep-existing"],
+                          check=False, capture_output=True, text=True, timeout=300, cwd=REPO_ROOT)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return out
+
+
+def test_every_lab_has_a_learner_copy(student_dir: Path):
+    assert sorted(p.name for p in student_dir.glob("*.ipynb")) == [p.name for p in LABS]
+
+
 @pytest.mark.parametrize("lab", LABS, ids=[p.stem for p in LABS])
-def test_student_copy_stops_at_first_exercise(lab: Path, monkeypatch):
+def test_student_copy_stops_at_first_exercise(lab: Path, student_dir: Path, tmp_path, monkeypatch):
     monkeypatch.setenv("LAB_SMOKE", "1")
     monkeypatch.setenv("LAB_INTERACTIVE", "0")
-    assert_student_copy_stops_at_first_exercise(lab)
+    monkeypatch.setenv("LAB_LEARNER_DIR", str(tmp_path / "my_engine"))  # no parts saved by an earlier run
+    assert_student_copy_stops_at_first_exercise(lab, student_dir)
 
 
 FUNC_EXERCISE = """def double(x):
@@ -196,10 +216,11 @@ FUNC_EXERCISE = """def double(x):
 ])
 def test_student_copy_check_on_synthetic_labs(tmp_path, cells, problem):
     """The check above passes a well-formed lab and says what is wrong with a broken one."""
-    lab = tmp_path / "99_synthetic.ipynb"
+    (tmp_path / "labs").mkdir()
+    lab = tmp_path / "labs" / "99_synthetic.ipynb"
     _write_lab(lab, *cells)
     if problem is None:
-        assert_student_copy_stops_at_first_exercise(lab)
+        assert_student_copy_stops_at_first_exercise(lab, tmp_path / "student")
     else:
         with pytest.raises(AssertionError, match=problem):
-            assert_student_copy_stops_at_first_exercise(lab)
+            assert_student_copy_stops_at_first_exercise(lab, tmp_path / "student")

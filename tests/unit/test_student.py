@@ -297,3 +297,24 @@ def test_learner_copy_holds_no_solution_text(lab, learner_copies):
     leaks = solution_leaks(source, copy)
     assert not leaks, (f"the learner copy of {lab.name} gives solution lines away (move them inside the solution "
                        f"region, or out of the exercise cell):\n" + "\n".join(leaks))
+
+
+# -------------------------------------------------- make lab, Binder and the README open the learner copies
+def test_make_lab_binder_and_readme_point_at_the_learner_copies():
+    root = student.REPO_ROOT
+    makefile = (root / "Makefile").read_text(encoding="utf-8")
+    recipe = makefile.split("\nlab:", 1)[1].split("\n\n", 1)[0]
+    assert "-m lab_utils student --out student --keep-existing" in recipe, "make lab writes the missing copies"
+    assert "--ServerApp.root_dir=student" in recipe and "$(LAB_ARGS)" in recipe
+    assert "-m lab_utils student --stats" in makefile.split("\ntest:", 1)[1].split("\n\n", 1)[0]
+    post = (root / "binder" / "postBuild").read_text(encoding="utf-8")
+    assert "python -m lab_utils student --out student" in post
+    readme = (root / "README.md").read_text(encoding="utf-8")
+    badge = re.search(r"\(https://mybinder\.org/v2/gh/[^)]*\)", readme).group(0)
+    assert "urlpath=lab/tree/student/00_foundations.ipynb" in badge
+    two = readme.split("## Two commands", 1)[1].split("```bash", 1)[1].split("```", 1)[0]
+    assert [line.split()[0:2] for line in two.strip().splitlines()] == [["make", "lab"], ["make", "test"]]
+    ignored = subprocess.run(["git", "check-ignore", "student/00_foundations.ipynb", "labs/my_engine/scheduler.py",
+                              "student/my_engine/scheduler.py"], cwd=root, capture_output=True, text=True)
+    if ignored.returncode != 128:  # 128: not a git checkout (an unpacked release): nothing to ignore
+        assert len(ignored.stdout.split()) == 3, f".gitignore must cover student/ and my_engine/: {ignored.stdout}"
