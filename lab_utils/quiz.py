@@ -83,11 +83,12 @@ QUESTIONS: dict[str, list[Question]] = {
            "one token take in fp16?", _KV_BYTES_FP16,
            "K and V (2) × 30 layers × 3 KV heads × 64 dims × 2 bytes = 23,040 bytes ≈ 22.5 KiB per token. Grouped-"
            "query attention is why it is 3 KV heads, not 9: a 3× smaller cache.", unit="bytes"),
-        _c("decode_bound", "At batch size 1, what limits the speed of a decode step on a GPU?",
+        _c("decode_bound", "At batch size 1, what limits the speed of a large model's decode step on a GPU?",
            ["Peak floating-point throughput", "Memory bandwidth: every weight is read once per step",
             "The tokenizer", "Python's interpreter lock"], "b",
            "Decode does ~2 FLOPs per weight per token but must read every weight from memory each step, so its "
-           "arithmetic intensity is ~1 FLOP/byte: far below any GPU's ridge point. Time ≈ bytes ÷ bandwidth."),
+           "arithmetic intensity is ~1 FLOP/byte: far below any GPU's ridge point. Time ≈ bytes ÷ bandwidth. (A model "
+           "as small as SmolLM2-135M is bound by kernel-launch overhead on a big GPU instead: CUDA graphs help.)"),
         _c("no_cache", "Generating n tokens without a KV cache (re-running the whole sequence each step) costs…",
            ["About the same as with a cache", "Work that grows linearly in n",
             "Work that grows roughly quadratically in n: every step recomputes all earlier positions",
@@ -253,7 +254,8 @@ QUESTIONS: dict[str, list[Question]] = {
            ["Higher raw throughput on the same GPUs", "Isolation: prefill no longer interferes with decode, so "
             "TTFT and ITL can be tuned (and scaled) separately", "Smaller models", "No KV cache"], "b",
            "vLLM's docs: disaggregation does not raise throughput; it separates TTFT from ITL. DistServe reports "
-           "7.4× more requests within SLO than colocated serving without chunked prefill."),
+           "up to 7.4× the goodput per GPU of colocated serving, against vLLM (then without chunked prefill) and "
+           "DeepSpeed-MII (with chunked prefill); against chunked prefill the gain is smaller."),
         _c("ratio", "The workload shifts to much longer prompts with short answers. You should…",
            ["Add decode workers", "Add prefill workers", "Remove the router", "Disable the KV transfer"], "b",
            "Long prompts make prefill the bottleneck (TTFT suffers); the prefill:decode worker ratio follows the "
@@ -271,8 +273,10 @@ QUESTIONS: dict[str, list[Question]] = {
            "session state…",
            ["Keeps the constraints that matter with far fewer tokens per query", "Always lowers recall",
             "Needs a bigger model", "Disables the prefix cache"], "a",
-           "Full history grows every turn (tokens per query, TTFT); a session state of entities and constraints "
-           "stays small while keeping follow-ups answerable."),
+           "Full history grows every turn: more tokens per query for the retriever, and for the model more context "
+           "to hold and attend to (prefix caching, lab 04, spares it recomputing a re-sent history, not the memory "
+           "or the attention). A session state of entities and constraints stays small while keeping follow-ups "
+           "answerable."),
     ],
     "12": [
         _n("goodput", "100 requests complete in 50 s; 80 of them meet both the TTFT and the TPOT SLO. Goodput in "
