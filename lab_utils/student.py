@@ -32,6 +32,7 @@ import copy
 import json
 import re
 import shutil
+import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -124,6 +125,29 @@ def strip_source(source: str, where: str = "cell") -> tuple[str, list[str]]:
         pos = r.end + 1
     out.extend(lines[pos:])
     return "\n".join(out), [r.hint for r in regions]
+
+
+def replace_solution(source: str, body: str, region: int = 0, where: str = "cell") -> str:
+    """`source` with solution region number `region` replaced by `body` (re-indented to the region's indent),
+    markers kept. How a test puts a deliberately wrong learner implementation into a lab."""
+    regions = find_regions(source, where)
+    if not 0 <= region < len(regions):
+        raise IndexError(f"{where} has {len(regions)} solution region(s); there is no region {region}")
+    r = regions[region]
+    lines = source.split("\n")
+    new = [r.indent + line if line.strip() else "" for line in textwrap.dedent(body).strip("\n").split("\n")]
+    return "\n".join(lines[:r.start + 1] + new + lines[r.end:])
+
+
+def inject_solution(nb: nbformat.NotebookNode, contains: str, body: str, region: int = 0) -> int:
+    """Replace a solution region of the exercise cell whose source contains `contains` (in place); returns
+    the cell's index. E.g. `inject_solution(nb, "def schedule_continuous", WRONG_BODY)` in a lab's test."""
+    hits = [i for i in exercise_cells(nb) if contains in nb.cells[i].source]
+    if len(hits) != 1:
+        raise ValueError(f"{len(hits)} exercise cells contain {contains!r}; name exactly one")
+    i = hits[0]
+    nb.cells[i].source = replace_solution(nb.cells[i].source, body, region, where=f"cell {i}")
+    return i
 
 
 def is_exercise_source(source: str) -> bool:

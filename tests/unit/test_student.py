@@ -318,3 +318,22 @@ def test_make_lab_binder_and_readme_point_at_the_learner_copies():
                               "student/my_engine/scheduler.py"], cwd=root, capture_output=True, text=True)
     if ignored.returncode != 128:  # 128: not a git checkout (an unpacked release): nothing to ignore
         assert len(ignored.stdout.split()) == 3, f".gitignore must cover student/ and my_engine/: {ignored.stdout}"
+
+
+# ------------------------------------------------------------- a wrong part injected into a lab (for its tests)
+def test_inject_solution_replaces_one_region_and_keeps_the_rest():
+    nb = synthetic_lab()
+    i = student.inject_solution(nb, "def rope", "half = 0\nreturn x  # wrong on purpose\n")
+    assert i == 3
+    src = nb.cells[3].source
+    assert "    half = 0\n    return x  # wrong on purpose\n    ### END SOLUTION" in src
+    assert "torch.cat" not in src and src.startswith("import torch") and src.endswith('print("defined")')
+    ns: dict = {}
+    exec(compile(src, "<lab>", "exec"), ns)
+    assert ns["rope"](5, None, None) == 5
+    two = student.replace_solution(nb.cells[5].source, "return 20", region=1)
+    assert "return 1\n" in two and "        return 20\n" in two and "return 2\n" not in two
+    with pytest.raises(IndexError, match="no region 2"):
+        student.replace_solution(nb.cells[5].source, "x", region=2)
+    with pytest.raises(ValueError, match="0 exercise cells contain"):
+        student.inject_solution(nb, "def nowhere", "pass")
