@@ -55,8 +55,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def heldout_point(head, target, heldout, starts, window: int) -> dict:
     """One learning-curve point: held-out chain acceptance from 1 true row (after a prefill) and from `window`."""
-    a1 = eval_eagle(head, target, heldout, K, n_rows=1, starts=starts, limit=300)
-    aw = eval_eagle(head, target, heldout, K, n_rows=window, starts=starts, limit=300)
+    a1 = eval_eagle(head, target, heldout, K, n_rows=1, starts=starts, limit=200)
+    aw = eval_eagle(head, target, heldout, K, n_rows=window, starts=starts, limit=200)
     return {"first_n1": a1["top1"][0], "first": aw["top1"][0], "conditional": aw["conditional"],
             "mean_accepted": aw["mean_accepted"]}
 

@@ -71,7 +71,7 @@ def main(argv: list[str] | None = None) -> dict:
     print("held-out before training:", before)
 
     def point() -> dict:
-        r = eval_medusa(heads, target, data["heldout"], starts=starts, limit=300)
+        r = eval_medusa(heads, target, data["heldout"], starts=starts, limit=200)
         return {"first": r["top1"][0], "top1": r["top1"], "mean_accepted": r["mean_accepted"]}
 
     log = train_medusa(heads, target, train, args.steps, args.batch, args.lr, args.max_minutes * 60,
