@@ -106,3 +106,75 @@ def check_goodput(fn: Callable, seed: int | None = None, runs: int = 6) -> None:
                 f"run {k}: {len(reqs)} requests over duration_s={dur}, slo_ttft_ms={ttft_ms}, slo_tpot_ms={tpot_ms}: "
                 f"expected goodput {want:.4f} req/s, got {float(got):.4f}.{hint}")
     print(f"check_goodput passed: {runs} random runs (SLO edges, one-token and empty requests, missing SLOs)")
+
+
+# --- the lab's closing claims --------------------------------------------------------------------------------
+
+
+def claims(r: dict) -> list[tuple[str, bool]]:
+    """Lab 08's claims from the run's measurements `r` (built in the notebook's claims cell).
+
+    `rows`: the sweep's rows (engine, config, workload and metrics); `goodput`: {(engine, config): req/s} under SLOs
+    set from one-at-a-time serving; `auto_bytes`: bytes per KV value of kv_cache_dtype="auto" (the model's dtype:
+    4 on a CPU in fp32, 2 on a GPU in bf16), from which the expected bf16/fp8 block ratios follow."""
+    import math
+
+    from lab_utils.checks.claims import need
+
+    need(r, "rows", "engines", "goodput", "small_budget", "max_num_seqs", "auto_bytes", "agree")
+    rows = r["rows"]
+
+    def row(engine, config, workload="main"):
+        return next((x for x in rows if (x["engine"], x["config"], x["workload"]) == (engine, config, workload)), None)
+
+    def ratio(engine, metric, num, den, workload="main"):
+        a, b = row(engine, num, workload), row(engine, den, workload)
+        return a[metric] / b[metric] if a is not None and b is not None and b[metric] else float("nan")
+
+    budget = r["small_budget"]
+    out = []
+    for e in r["engines"]:
+        errors = sum(x["errors"] for x in rows if x["engine"] == e)
+        s = ratio(e, "out_tok_per_s", "base", "max_num_seqs=1")
+        c = ratio(e, "out_tok_per_s", "base", "tight KV")
+        tight, base = row(e, "tight KV"), row(e, "base")
+        p = ratio(e, "median_ttft_ms", "no prefix caching", "base", "prefix")
+        hit = (row(e, "base", "prefix") or {}).get("prefix_hit_rate", 0.0)
+        g = ratio(e, "max_itl_ms", "base", f"max_num_batched_tokens={budget}", "long")
+        gp_base, gp_one = r["goodput"][(e, "base")], r["goodput"][(e, "max_num_seqs=1")]
+        out += [
+            (f"{e}: every request of every run completed ({errors} errors)", errors == 0),
+            (f"{e}: max_num_seqs={r['max_num_seqs']} gives >= 1.5x the throughput of 1 (measured {s:.2f}x)", s >= 1.5),
+            (f"{e}: the roomy KV pool gives >= 1.2x the throughput of the tight one (measured {c:.2f}x)", c >= 1.2),
+            (f"{e}: the tight budget holds fewer KV blocks ({tight and tight['kv_blocks']} vs {base and base['kv_blocks']})",
+             tight is not None and base is not None and tight["kv_blocks"] < base["kv_blocks"]),
+            (f"{e}: prefix caching cuts median TTFT >= 1.3x (measured {p:.2f}x, hit rate {hit:.0%})", p >= 1.3 and hit > 0),
+            (f"{e}: max_num_batched_tokens={budget} cuts the worst inter-token gap >= 1.3x (measured {g:.2f}x)", g >= 1.3),
+            (f"{e}: goodput under SLOs set from one-at-a-time serving rises with concurrency ({gp_base:.2f} vs "
+             f"{gp_one:.2f} req/s)", gp_base > gp_one),
+        ]
+    small, base_long = row("lab", f"max_num_batched_tokens={budget}", "long"), row("lab", "base", "long")
+    out.append((f"lab: no step exceeds the token budget of {budget} (largest {small and small['max_step_tokens']}), "
+                f"while the base config's steps do ({base_long and base_long['max_step_tokens']})",
+                small is not None and base_long is not None
+                and small["max_step_tokens"] <= budget < base_long["max_step_tokens"]))
+    want_bf16 = r["auto_bytes"] / 2
+    b16 = ratio("lab", "kv_blocks", "tight KV, bf16", "tight KV")
+    out.append((f"lab: a bf16 KV cache holds {b16:.2f}x the blocks of 'auto' ({r['auto_bytes']}-byte values) at one "
+                f"budget (expected {want_bf16:g}x)", b16 >= 0.95 * want_bf16))
+    for e in r["engines"]:
+        f8 = ratio(e, "kv_blocks", "tight KV, fp8", "tight KV")
+        if not math.isnan(f8):  # NaN: fp8 did not run here (the notebook prints why)
+            out.append((f"{e}: an fp8 KV cache holds {f8:.2f}x the blocks of 'auto' at one budget (expected "
+                        f"{r['auto_bytes']:g}x)", f8 >= 0.875 * r["auto_bytes"]))
+    if r["agree"] is not None:
+        out.append((f"lab engine and vLLM agree on {r['agree']:.0%} of greedy outputs (>= 75%, fp32 on a CPU)",
+                    r["agree"] >= 0.75))
+    return out
+
+
+def assert_claims(r: dict, show: bool = True) -> None:
+    """Print lab 08's claims; AssertionError naming each one that fails."""
+    from lab_utils.checks.claims import report
+
+    report(claims(r), show)

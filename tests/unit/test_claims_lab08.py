@@ -1,0 +1,88 @@
+"""Negative controls for lab 08's claims: a good run passes, each perturbed measurement fails its claim."""
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+from lab_utils.checks import lab08
+
+BUDGET = 32
+
+
+def _row(engine, config, workload="main", **kw):
+    base = dict(engine=engine, config=config, workload=workload, errors=0, out_tok_per_s=20.0, median_ttft_ms=500.0,
+                max_itl_ms=300.0, kv_blocks=64, prefix_hit_rate=0.0, max_step_tokens=300)
+    return {**base, **kw}
+
+
+def good() -> dict:
+    rows = []
+    for e in ("lab", "vllm"):
+        rows += [
+            _row(e, "base", out_tok_per_s=40.0, kv_blocks=64),
+            _row(e, "base", "prefix", median_ttft_ms=300.0, prefix_hit_rate=0.8),
+            _row(e, "base", "long", max_itl_ms=1500.0, max_step_tokens=416),
+            _row(e, "max_num_seqs=1", out_tok_per_s=12.0),
+            _row(e, "tight KV", out_tok_per_s=25.0, kv_blocks=4),
+            _row(e, "tight KV, fp8", kv_blocks=16),
+            _row(e, f"max_num_batched_tokens={BUDGET}", "long", max_itl_ms=400.0, max_step_tokens=32),
+            _row(e, "no prefix caching", "prefix", median_ttft_ms=900.0),
+        ]
+    rows.append(_row("lab", "tight KV, bf16", kv_blocks=8))
+    goodput = {(e, c): v for e in ("lab", "vllm") for c, v in (("base", 1.2), ("max_num_seqs=1", 0.3))}
+    return dict(rows=rows, engines=["lab", "vllm"], goodput=goodput, small_budget=BUDGET, max_num_seqs=8,
+                auto_bytes=4, agree=0.875)
+
+
+def test_a_good_run_passes(capsys):
+    lab08.assert_claims(good())
+    assert "FAIL" not in capsys.readouterr().out
+
+
+def test_on_a_gpu_auto_is_bf16_and_the_expected_ratios_follow():
+    r = good()
+    r["auto_bytes"], r["agree"] = 2, None
+    for x in r["rows"]:
+        if x["config"] in ("tight KV, bf16",):
+            x["kv_blocks"] = 4          # bf16 = auto: the same blocks
+        if x["config"] == "tight KV, fp8":
+            x["kv_blocks"] = 8          # fp8 = half of bf16's bytes
+    lab08.assert_claims(r, show=False)
+    r["rows"][-1]["kv_blocks"] = 3      # fewer blocks than auto at the same budget: wrong
+    with pytest.raises(AssertionError, match="bf16 KV cache"):
+        lab08.assert_claims(r, show=False)
+
+
+def set_row(r, engine, config, workload, **kw):
+    r = copy.deepcopy(r)
+    next(x for x in r["rows"] if (x["engine"], x["config"], x["workload"]) == (engine, config, workload)).update(kw)
+    return r
+
+
+@pytest.mark.parametrize("engine, config, workload, change, message", [
+    ("lab", "base", "main", dict(errors=2), "every request"),
+    ("vllm", "max_num_seqs=1", "main", dict(out_tok_per_s=35.0), "max_num_seqs=8 gives"),     # batching that does nothing
+    ("lab", "tight KV", "main", dict(out_tok_per_s=39.0), "roomy KV pool"),
+    ("lab", "tight KV", "main", dict(kv_blocks=64), "tight budget holds fewer"),              # a budget that is ignored
+    ("vllm", "base", "prefix", dict(prefix_hit_rate=0.0), "prefix caching cuts"),             # a cache that never hits
+    ("lab", "no prefix caching", "prefix", dict(median_ttft_ms=320.0), "prefix caching cuts"),
+    ("lab", f"max_num_batched_tokens={BUDGET}", "long", dict(max_itl_ms=1400.0), "worst inter-token gap"),
+    ("lab", f"max_num_batched_tokens={BUDGET}", "long", dict(max_step_tokens=64), "exceeds the token budget"),
+    ("lab", "tight KV, bf16", "main", dict(kv_blocks=4), "bf16 KV cache"),                    # bf16 stored as fp32
+    ("vllm", "tight KV, fp8", "main", dict(kv_blocks=8), "fp8 KV cache"),
+])
+def test_each_claim_fails_on_a_wrong_measurement(engine, config, workload, change, message):
+    with pytest.raises(AssertionError, match=message):
+        lab08.assert_claims(set_row(good(), engine, config, workload, **change), show=False)
+
+
+def test_goodput_and_agreement_fail_when_wrong():
+    r = good()
+    r["goodput"][("lab", "base")] = 0.2  # batched steps too slow for the SLO
+    with pytest.raises(AssertionError, match="goodput under SLOs"):
+        lab08.assert_claims(r, show=False)
+    r = good()
+    r["agree"] = 0.5
+    with pytest.raises(AssertionError, match="agree on 50%"):
+        lab08.assert_claims(r, show=False)
