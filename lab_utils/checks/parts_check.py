@@ -257,10 +257,12 @@ def check_in_engine(parts: EngineParts, lab: str, num_requests: int = 24, seed: 
     Every request finishes, greedy tokens are equal, every block comes back. Returns what it measured."""
     from lab_utils.engine.engine import LLMEngine
     from lab_utils.learner import engine_config
-    from lab_utils.models.loader import load_model
+    from lab_utils.models.loader import build_random
+    from lab_utils.models.registry import REGISTRY
 
     rng = random.Random(seed)
-    model, tok = load_model("tiny-random", device="cpu")
+    # token ids in, token ids out: no tokenizer (loading one imports most of transformers, seconds per lab)
+    model, tok = build_random(REGISTRY["tiny-random"].config, seed=0).eval(), None
     vocab = model.config.vocab_size
     shared = [rng.randrange(vocab) for _ in range(40)]
     prompts, params = [], []
