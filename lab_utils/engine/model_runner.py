@@ -135,8 +135,9 @@ class ModelRunner:
         """A fast path failed on this machine: turn off that one only (the others keep running), say which and
         why, and let the caller redo the step. Re-running is safe: K/V writes are idempotent (same values, same
         slots)."""
-        self.fast_path_error = f"{path}: {type(err).__name__}: {err}"
-        self.fast_path_errors[path] = f"{type(err).__name__}: {err}"
+        why = _short(err)
+        self.fast_path_error = f"{path}: {why}"
+        self.fast_path_errors[path] = why
         if path == "cuda_graphs":
             self.graphs = None
         elif path == "flex":
@@ -146,7 +147,7 @@ class ModelRunner:
             self.cpu_decode_kernel = False
         on = [p for p, active in (("cuda_graphs", self.graphs is not None), ("flex", self.attention_backend == "flex"),
                                   ("cpu_kernel", self.cpu_decode_kernel)) if active]
-        warnings.warn(f"fast path {path!r} failed ({type(err).__name__}: {err}); falling back to eager for it alone"
+        warnings.warn(f"fast path {path!r} failed ({why}); falling back to eager for it alone"
                       f" (still on: {', '.join(on) or 'none'}). {FAST_PATHS[path]}")
 
     def _forward(self, ids: list[int], pos: list[int], ctx_lens: list[int], q_lens: list[int],
@@ -175,6 +176,15 @@ class ModelRunner:
 
             return FlexPagedAttention(self.cache, meta)
         return PagedAttention(self.cache, meta)
+
+
+def _short(err: Exception, limit: int = 500) -> str:
+    """An exception as one readable line: compiler errors carry pages of build output."""
+    text = f"{type(err).__name__}: {err}"
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    errors = [ln for ln in lines[1:] if "error" in ln.lower()]
+    text = " | ".join(lines[:1] + errors[:2])
+    return text if len(text) <= limit else text[:limit] + " ..."
 
 
 def pad_decode_rows(ids: list[int], pos: list[int], ctx_lens: list[int], q_lens: list[int],

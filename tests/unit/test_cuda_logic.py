@@ -247,3 +247,50 @@ def test_lab_backend_warms_up_the_batch_sizes_of_its_workload(tiny, monkeypatch)
     eng.step = lambda: (counts.append(len(fake.captures)), step())[1]
     LabBackend(engine=eng).run(wl)
     assert counts and counts[0] == counts[-1] == 4, counts  # buckets 1, 2, 4, 8 captured before step 1
+
+
+def _compiled_flex_engine(model, monkeypatch) -> LLMEngine:
+    import lab_utils.engine.accel.flex_attention as fa
+
+    monkeypatch.setattr(fa, "COMPILE_BACKEND", "aot_eager")  # Dynamo + AOTAutograd, no C++ build
+    init = fa.FlexPagedAttention.__init__
+    monkeypatch.setattr(fa.FlexPagedAttention, "__init__", lambda self, c, m, compiled=None: init(self, c, m, True))
+    eng = LLMEngine(model, EngineConfig(num_gpu_blocks=256, max_num_seqs=4), device="cpu")
+    eng.runner.attention_backend, eng.runner.cpu_decode_kernel = "flex", False
+    return eng
+
+
+@pytest.mark.slow
+def test_compiled_flex_on_cpu_recompiles_a_bounded_number_of_times(tiny, monkeypatch):
+    """torch.compile(flex, dynamic=True): Dynamo specialises batch 1 vs > 1, 1 query vs more, and a few guards
+    on query vs key lengths, so a model needs a handful of compiled variants, never one per shape. `warmup()`
+    compiles the main four; an engine's varied steps (batch 1..4, prefill chunks, decodes, contexts 1..110)
+    add at most a few; the same workload in a second engine compiles nothing new. Another dtype adds its own;
+    the recompile limit is raised above what a notebook of several models needs (past it Dynamo would silently
+    run flex uncompiled)."""
+    import torch._dynamo
+    import torch._dynamo.config as dc
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    frames = lambda: counters["frames"]["ok"]  # noqa: E731
+    params = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
+    prompts = _prompts(8, [5, 30, 17, 64, 9, 40, 100, 3]) + _prompts(4, [7, 50, 1])
+    ref = LLMEngine(tiny, EngineConfig(num_gpu_blocks=256, enforce_eager=True), device="cpu").generate(prompts, params)
+    start = frames()
+    eng = _compiled_flex_engine(tiny, monkeypatch)
+    eng.warmup()
+    warm = frames() - start
+    assert 1 <= warm <= 4, f"{warm} compiled variants at warm-up"
+    got = eng.generate(prompts, params)
+    assert not eng.runner.fast_path_errors and eng.runner.attention_backend == "flex"
+    assert [o.token_ids for o in got] == [o.token_ids for o in ref]
+    one_model = frames() - start
+    assert one_model <= 8, f"{one_model} compiled variants for one model"
+    _compiled_flex_engine(tiny, monkeypatch).generate(prompts, params)
+    assert frames() - start == one_model, "a second engine of the same model recompiled flex"
+    m64 = load_model("tiny-random", device="cpu", dtype=torch.float64)
+    _compiled_flex_engine(m64, monkeypatch).generate(prompts[:3], params)
+    assert frames() - start <= 2 * one_model
+    limit = getattr(dc, "recompile_limit", None) or dc.cache_size_limit
+    assert limit >= 64 >= 4 * 8

@@ -45,14 +45,42 @@ def select_attention_backend(device: torch.device, enforce_eager: bool, requeste
     return "flex" if device.type == "cuda" and not enforce_eager and flex_available() else "sdpa"
 
 
-@functools.lru_cache(maxsize=2)
-def _flex_fn(compiled: bool):
+# torch.compile backend for flex: "inductor" generates the fused kernel (Triton on CUDA); tests on a CPU use
+# "aot_eager" to check tracing and recompiles without a C++ build (Inductor's CPU flex template can fail to build)
+COMPILE_BACKEND = "inductor"
+# Dynamo keeps one compiled variant per guard set, per code object, process-wide: batch 1 vs > 1 and each model's
+# head shape and dtype are separate variants. Past `recompile_limit` (8 by default) it silently runs flex
+# uncompiled (the dense reference) for the rest of the process, so a notebook that builds several engines would
+# slow down without a word. The engine raises the limit to this floor.
+RECOMPILE_LIMIT = 64
+
+
+def _raise_recompile_limit(floor: int = RECOMPILE_LIMIT) -> None:
+    import torch._dynamo.config as dc
+
+    name = "recompile_limit" if hasattr(dc, "recompile_limit") else "cache_size_limit"  # older torch
+    if getattr(dc, name) < floor:
+        setattr(dc, name, floor)
+
+
+@functools.lru_cache(maxsize=4)
+def _flex_fn(compiled: bool, backend: str = "inductor"):
     from torch.nn.attention.flex_attention import flex_attention
 
     if not compiled:
         return flex_attention
+    _raise_recompile_limit()
     # dynamic: the batch and context lengths change every step; one kernel serves them all
-    return torch.compile(flex_attention, dynamic=True)
+    fn = torch.compile(flex_attention, dynamic=True, backend=backend)
+    from torch.fx.experimental import _config as fx_config
+
+    def call(*args, **kwargs):
+        # no "duck sizing": a first prefill has as many queries as keys, and Dynamo would otherwise guard on
+        # that coincidence and compile again at the first step where they differ
+        with fx_config.patch(use_duck_shape=False):
+            return fn(*args, **kwargs)
+
+    return call
 
 
 def build_block_mask(meta: AttentionMetadata):
@@ -82,8 +110,12 @@ class FlexPagedAttention(PagedAttention):
         self.cache.write(layer_idx, m.slot_mapping, k, v)
         keys, values = self.cache.read(layer_idx, m.context_slots)  # [B, L, Hkv, D]
         qp = q[m.query_index] if not m.decode_only else q[:, None]  # [B, Q, Hq, D]
-        out = _flex_fn(self.compiled)(
-            qp.transpose(1, 2), keys.transpose(1, 2), values.transpose(1, 2),
+        # one memory layout for q in every step (decode rows and gathered prefill rows differ otherwise; a clone,
+        # not .contiguous(), so a 1-query step gets the same strides too): Dynamo guards on strides, and two
+        # layouts would double the compiled variants
+        out = _flex_fn(self.compiled, COMPILE_BACKEND)(
+            qp.transpose(1, 2).clone(memory_format=torch.contiguous_format), keys.transpose(1, 2),
+            values.transpose(1, 2),
             block_mask=self.block_mask, enable_gqa=True,
         )  # [B, Hq, Q, D]
         out = out.transpose(1, 2)
