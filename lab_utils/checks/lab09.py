@@ -82,3 +82,44 @@ def check_allreduce_time(fn: Callable[[float, int, float], float], seed: int | N
         raise AssertionError(f"allreduce_time(num_bytes={b:.4g}, n={n}, link_bw={bw:.3g}) returned {got!r}, expected "
                              f"{exp:.6g}" + (f"\n   hint: {hint}" if hint else ""))
     print(f"✔ check_allreduce_time: ring all-reduce times match on {len(cases)} cases")
+
+
+# --- the lab's closing claims --------------------------------------------------------------------------------
+
+
+def claims(r: dict) -> list[tuple[str, bool]]:
+    """Lab 09's claims from the run's measurements `r` (built in the notebook's claims cell).
+
+    Only the first is a measurement of something that could go either way (two real processes). The byte counts
+    compare the collectives' payloads with the cost model's formula, and the simulator's figures are deterministic
+    functions of the cost model: they are labelled checks of the model, which fail when the model or the sharding
+    changes, not when the hardware does."""
+    from lab_utils.checks.claims import need
+
+    need(r, "same_tp", "same_pp", "n_prompts", "max_tokens", "ratio_tp", "ratio_pp", "tp_dec", "pp_dec", "sat",
+         "l4", "h100")
+    tp, pp, sat, l4, hh = r["tp_dec"], r["pp_dec"], r["sat"], r["l4"], r["h100"]
+    l4_gain, hh_gain = l4["thr2"] / l4["thr1"], hh["thr2"] / hh["thr1"]
+    return [
+        (f"measured: TP=2 and PP=2 over 2 real processes give the same greedy tokens as one ({r['n_prompts']} "
+         f"prompts x {r['max_tokens']})", bool(r["same_tp"]) and bool(r["same_pp"])),
+        (f"check of the model: the payloads TP and PP passed to their collectives match the cost model's formula "
+         f"(TP {r['ratio_tp']:.3f}x, PP {r['ratio_pp']:.3f}x)", abs(r["ratio_tp"] - 1) < 0.01 and 1 <= r["ratio_pp"] < 1.05),
+        (f"check of the model (simulated): 70B decode step TP {tp[2]:.1f} -> {tp[4]:.1f} -> {tp[8]:.1f} ms from 2 to 8 "
+         f"GPUs, and PP never faster than TP", tp[8] < tp[4] < tp[2] and all(pp[n] > tp[n] for n in (2, 4, 8))),
+        (f"check of the model (simulated): at saturation per-GPU throughput falls with the TP degree; 8 replicas "
+         f"serve {sat[1] / sat[8]:.2f}x one TP=8 instance", sat[1] > sat[2] > sat[8]),
+        (f"check of the model (simulated): a second GPU more than doubles KV space (weights paid once): L4 "
+         f"{l4['tokens2'] / l4['tokens1']:.1f}x, H100 {hh['tokens2'] / hh['tokens1']:.2f}x",
+         l4["tokens2"] > 2 * l4["tokens1"] and hh["tokens2"] > 2 * hh["tokens1"] and l4["seqs2"] > 2 * l4["seqs1"]),
+        (f"check of the model (simulated, same workload on both GPUs): where the weights fill the GPU (8B on an L4) "
+         f"TP=2 gives {l4_gain:.2f}x one GPU's throughput (two replicas: 2x), more than on an H100 ({hh_gain:.2f}x)",
+         l4_gain > 2 and l4_gain > hh_gain),
+    ]
+
+
+def assert_claims(r: dict, show: bool = True) -> None:
+    """Print lab 09's claims; AssertionError naming each one that fails."""
+    from lab_utils.checks.claims import report
+
+    report(claims(r), show)
