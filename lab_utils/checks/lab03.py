@@ -1,71 +1,118 @@
-"""Checks for lab 03's exercise: filling one step's token budget (vLLM V1's unified scheduler, simplified).
+"""Checks for lab 03's exercise: the engine's token-budget step, `Scheduler.schedule_token_budget` (vLLM V1).
 
-`fn(decodes, prefills, budget) -> [(request_id, num_tokens), ...]`: every running decode gets 1 token first (in
-order, while the budget lasts), then waiting prompts, first come first served, each getting as many of its
-remaining prompt tokens as the budget still allows (the last one is chunked). The check compares with a
-reference on fresh random cases and names the mistake; it never shows the reference.
+`check_schedule_token_budget(fn)` first runs a few small hand-built steps, each of which catches one known
+mistake and names it (admitting new prompts before the running requests, not chunking the last prompt, keeping
+finished requests in the batch, stopping a running prompt's chunks, admitting after a preemption); then
+`parts_check.check_part` compares `fn` with the reference on random engine states. When both pass, the function
+becomes the engine's part (`learner.submit`), so the lab's measurements run it. The reference is never shown.
 """
 from __future__ import annotations
 
-import random
+import copy
 from typing import Callable
 
+from lab_utils.checks import parts_check
+from lab_utils.engine.block_manager import BlockManager
+from lab_utils.engine.config import EngineConfig
+from lab_utils.engine.parts import LearnerPartError, check_signature
+from lab_utils.engine.request import Request, Status
+from lab_utils.engine.sampling_params import SamplingParams
+from lab_utils.engine.scheduler import Scheduler, SchedulerOutput
 
-def _reference(decodes: list[str], prefills: list[tuple[str, int]], budget: int) -> list[tuple[str, int]]:
+PART = "scheduler.schedule_token_budget"
+
+
+def _scheduler(budget: int, num_blocks: int = 64, max_num_seqs: int = 8) -> Scheduler:
+    cfg = EngineConfig(scheduler="token_budget", block_size=4, max_num_batched_tokens=budget,
+                       max_num_seqs=max_num_seqs, enable_chunked_prefill=True, enable_prefix_caching=False,
+                       watermark=0.0)
+    return Scheduler(cfg, BlockManager(num_blocks, 4, enable_prefix_caching=False, watermark=0.0))
+
+
+def _req(rid: str, prompt_len: int) -> Request:
+    return Request(rid, None, list(range(1, prompt_len + 1)), SamplingParams(max_tokens=32, ignore_eos=True), 0.0)
+
+
+def _step(sched: Scheduler) -> None:
+    """One reference step and what the engine does after the model ran (count tokens, sample one)."""
+    for req, n in sched.schedule().scheduled:
+        req.num_computed_tokens += n
+        if req.num_computed_tokens == req.num_tokens:
+            req.token_ids.append(7)
+
+
+def _scenarios() -> list[tuple[str, Scheduler, str]]:
+    """(what it is, the scheduler just before the step, the mistake a difference means)."""
     out = []
-    for rid in decodes:
-        if budget == 0:
-            return out
-        out.append((rid, 1))
-        budget -= 1
-    for rid, remaining in prefills:
-        if budget == 0:
-            break
-        n = min(remaining, budget)
-        out.append((rid, n))
-        budget -= n
+    # two requests decoding, a long prompt arrives: decodes first, then the prompt chunked into what is left
+    s = _scheduler(budget=8)
+    s.add(_req("a", 5)), s.add(_req("b", 3))
+    _step(s)
+    s.add(_req("long", 20))
+    out.append(("two decodes and a new 20-token prompt, budget 8", s,
+                "running requests come first: each running request gets its tokens (a decode 1) before any new "
+                "prompt is admitted, then new prompts take what is left; the last one admitted is chunked to fit "
+                "(n = min(tokens left, budget))"))
+    # a prompt half prefilled keeps priority over a new prompt
+    s = _scheduler(budget=8)
+    s.add(_req("a", 20))
+    _step(s)
+    s.add(_req("b", 4))
+    out.append(("a 20-token prompt with 8 tokens computed, and a new 4-token prompt, budget 8", s,
+                "a running request still in its prompt takes its next chunk, min(tokens left, budget), before new "
+                "prompts: running means decode or unfinished prefill"))
+    # a finished request must leave before anyone counts the slots
+    s = _scheduler(budget=16, max_num_seqs=2)
+    s.add(_req("a", 3)), s.add(_req("b", 3))
+    _step(s)
+    s.finish(s.running[1], Status.FINISHED)
+    s.add(_req("c", 4))
+    out.append(("max_num_seqs=2, one running request just finished, one new prompt", s,
+                "retire first: drop finished requests (req.status.done) from self.running, or they keep a slot "
+                "that a new prompt should get (self.running = [r for r in self.running if not r.status.done])"))
+    # memory short: the step preempts, and then nobody new may join
+    s = _scheduler(budget=5, num_blocks=4)
+    s.add(_req("a", 8)), s.add(_req("b", 4))
+    for _ in range(3):
+        _step(s)
+    out.append(("a 4-block pool, two requests; the step must preempt the newest", s,
+                "when make_room had to preempt (out.preempted is not empty), memory is short: admit no new "
+                "request in this step (the preempted one would take the blocks straight back)"))
     return out
 
 
-def _case(rng: random.Random) -> tuple[list[str], list[tuple[str, int]], int]:
-    decodes = [f"d{i}" for i in range(rng.randint(0, 6))]
-    prefills = [(f"p{i}", rng.randint(1, 300)) for i in range(rng.randint(0, 4))]
-    budget = rng.choice([1, 4, 16, 32, 64, 128, 512])
-    return decodes, prefills, budget
+def _describe(o: SchedulerOutput) -> str:
+    return (f"scheduled {[(r.request_id, n) for r, n in o.scheduled]}"
+            + (f", preempted {[r.request_id for r in o.preempted]}" if o.preempted else ""))
 
 
-def check_fill_budget(fn: Callable, seed: int | None = None, cases: int = 60) -> None:
-    rng = random.Random(seed if seed is not None else random.randrange(1 << 30))
-    fixed = [(["d0"], [("p0", 10), ("p1", 100), ("p2", 5)], 50),
-             (["d0", "d1", "d2"], [("p0", 2000)], 512),  # the quiz's case: 509 prompt tokens this step
-             (["d0", "d1", "d2", "d3"], [("p0", 7)], 3)]
-    for i, (decodes, prefills, budget) in enumerate(fixed + [_case(rng) for _ in range(cases)]):
-        want = _reference(decodes, prefills, budget)
-        got = fn(list(decodes), list(prefills), budget)
-        where = f"(case {i}: decodes={decodes}, prefills={prefills}, budget={budget})"
-        if got is None:
-            raise AssertionError(f"returned None; return a list of (request_id, num_tokens) {where}")
-        got = [(r, int(n)) for r, n in got]
-        if got == want:
-            continue
-        total = sum(n for _, n in got)
-        if total > budget:
-            raise AssertionError(f"scheduled {total} tokens, more than the budget of {budget} {where}")
-        if any(n <= 0 for _, n in got):
-            raise AssertionError(f"an entry with {min(n for _, n in got)} tokens: schedule only n >= 1 {where}")
-        got_dec = [r for r, _ in got if r.startswith("d")]
-        want_dec = [r for r, _ in want if r.startswith("d")]
-        if got_dec != want_dec or (got and want_dec and got[0][0] != want[0][0]):
-            raise AssertionError(f"decodes got {got_dec} but expected {want_dec} scheduled first, one token each: "
-                                 f"running requests must never wait behind a prompt {where}")
-        if any(r.startswith("d") and n != 1 for r, n in got):
-            raise AssertionError(f"a decode computes exactly 1 token per step {where}")
-        got_p, want_p = [x for x in got if x[0].startswith("p")], [x for x in want if x[0].startswith("p")]
-        if [r for r, _ in got_p] != [r for r, _ in want_p][:len(got_p)]:
-            raise AssertionError(f"prompts scheduled {got_p} but expected {want_p}: first come first served, and "
-                                 f"do not skip ahead to a later prompt that fits {where}")
-        if total < sum(n for _, n in want):
-            raise AssertionError(f"scheduled only {total} of the {budget}-token budget (expected {want}): a prompt "
-                                 f"that does not fit whole is chunked to fill the rest {where}")
-        raise AssertionError(f"got {got}, expected {want} {where}")
-    print(f"check_fill_budget passed ({len(fixed) + cases} cases)")
+def _run_scenarios(fn: Callable) -> None:
+    for what, sched, mistake in _scenarios():
+        a, b = copy.deepcopy(sched), copy.deepcopy(sched)
+        want = Scheduler.schedule_token_budget(a)
+        try:
+            got = fn(b)
+            if not isinstance(got, SchedulerOutput):
+                raise LearnerPartError(f"return the step as a SchedulerOutput, not {type(got).__name__}")
+            b._check(got, "schedule_token_budget")
+        except NotImplementedError:
+            raise
+        except LearnerPartError as err:
+            raise AssertionError(f"{PART} ({what}): {err}") from None
+        except Exception as err:
+            raise AssertionError(f"{PART} ({what}): your function raised {type(err).__name__}: {err}") from err
+        if _describe(got) != _describe(want):
+            raise AssertionError(f"{PART} ({what}): you {_describe(got)}; expected {_describe(want)}\n"
+                                 f"likely mistake: {mistake}")
+
+
+def check_schedule_token_budget(fn: Callable, trials: int = 150, seed: int = 0, submit: bool = True) -> None:
+    """Hand-built steps with named mistakes, then random engine states against the reference; on success (and
+    with `submit`) the function becomes the engine's `schedule_token_budget` (saved to my_engine/scheduler.py)."""
+    from lab_utils import learner
+
+    check_signature(PART, fn)
+    _run_scenarios(fn)
+    parts_check.check_part(PART, fn, trials=trials, seed=seed)
+    if submit:
+        learner.submit(PART, fn)

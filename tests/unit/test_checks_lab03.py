@@ -1,79 +1,105 @@
-"""Lab 03's checker accepts a correct budget-filling step and rejects each common mistake with a useful message."""
+"""Lab 03's check accepts the engine's token-budget step and rejects each common mistake with a named message."""
 from __future__ import annotations
 
 import pytest
 
+from lab_utils import learner
 from lab_utils.checks import lab03
+from lab_utils.engine.request import Status
+from lab_utils.engine.scheduler import Scheduler, SchedulerOutput
 
 
-def good(decodes, prefills, budget):
-    out = [(r, 1) for r in decodes[:budget]]
-    budget -= len(out)
-    for rid, remaining in prefills:
-        if budget <= 0:
-            break
-        out.append((rid, min(remaining, budget)))
-        budget -= out[-1][1]
+def _step(self, running_first=True, retire=True, chunk=True, prefills_continue=True, budget_cap=True,
+          admit_after_preempt=False):
+    """A token-budget step with switches for the mistakes learners make (all defaults: correct)."""
+    out = SchedulerOutput()
+    if retire:
+        self.running = [r for r in self.running if not r.status.done]
+    budget = self.config.max_num_batched_tokens
+
+    def run_running():
+        nonlocal budget
+        for req in list(self.running):
+            if budget <= 0 and budget_cap:
+                break
+            if req.status is not Status.RUNNING:
+                continue
+            left = req.num_tokens - req.num_computed_tokens
+            if not prefills_continue and req.is_prefill and req.num_computed_tokens > 0:
+                left = 1
+            n = min(left, budget) if budget_cap else left
+            if self.make_room(req, req.num_computed_tokens + n, out):
+                out.scheduled.append((req, n))
+                budget -= n
+
+    def admit():
+        nonlocal budget
+        while self.waiting and (budget > 0 or not budget_cap) and len(self.running) < self.config.max_num_seqs:
+            req = self.waiting[0]
+            left = req.num_tokens - req.num_computed_tokens
+            n = min(left, budget) if budget_cap else left
+            if n < left and not chunk:
+                break
+            if not self.can_start(req, n):
+                break
+            out.scheduled.append((req, self.start(req, n)))
+            budget -= out.scheduled[-1][1]
+
+    if not running_first:
+        started = len(self.running)
+        admit()
+        keep, self.running = self.running, self.running[:started]
+        run_running()
+        self.running = self.running + [r for r in keep[started:] if r not in self.running]
+    else:
+        run_running()
+        if not out.preempted or admit_after_preempt:
+            admit()
     return out
 
 
-def test_accepts_correct(capsys):
-    lab03.check_fill_budget(good, seed=0)
-    lab03.check_fill_budget(good)
-    assert "check_fill_budget passed" in capsys.readouterr().out
+def good(self):
+    return _step(self)
 
 
-def _prefill_first(decodes, prefills, budget):
-    return good([], prefills, budget) + good(decodes, [], max(budget - sum(min(n, budget) for _, n in prefills), 0))
+def test_accepts_the_reference_and_a_correct_step(capsys):
+    lab03.check_schedule_token_budget(Scheduler.schedule_token_budget, submit=False)
+    lab03.check_schedule_token_budget(good, trials=60, seed=3, submit=False)
+    assert "random cases agree with the reference" in capsys.readouterr().out
 
 
-def _no_chunking(decodes, prefills, budget):
-    out = [(r, 1) for r in decodes[:budget]]
-    budget -= len(out)
-    for rid, remaining in prefills:
-        if remaining > budget:
-            break
-        out.append((rid, remaining))
-        budget -= remaining
-    return out
-
-
-def _skip_ahead(decodes, prefills, budget):
-    out = [(r, 1) for r in decodes[:budget]]
-    budget -= len(out)
-    for rid, remaining in prefills:
-        if remaining <= budget:
-            out.append((rid, remaining))
-            budget -= remaining
-    return out
-
-
-def _ignores_budget(decodes, prefills, budget):
-    return [(r, 1) for r in decodes] + list(prefills)
-
-
-def _zero_entries(decodes, prefills, budget):
-    out = good(decodes, prefills, budget)
-    done = {r for r, _ in out}
-    return out + [(r, 0) for r, _ in prefills if r not in done]
+def test_submit_makes_it_the_engines_part(tmp_path, monkeypatch):
+    monkeypatch.setenv("LAB_LEARNER_DIR", str(tmp_path))
+    try:
+        lab03.check_schedule_token_budget(good, trials=20)
+        assert learner.parts(upto="03", quiet=True).is_learners(lab03.PART)
+        assert "def schedule_token_budget(" in (tmp_path / "scheduler.py").read_text()
+    finally:
+        learner.forget()
 
 
 @pytest.mark.parametrize("bad, message", [
-    (_prefill_first, "scheduled first"),
-    (_no_chunking, "chunked"),
-    (_skip_ahead, "first come first served"),
-    (_ignores_budget, "more than the budget"),
-    (_zero_entries, "n >= 1"),
-    (lambda d, p, b: None, "returned None"),
+    (lambda self: _step(self, running_first=False), "running requests come first"),
+    (lambda self: _step(self, budget_cap=False), "the budget \\(max_num_batched_tokens\\) is"),
+    (lambda self: _step(self, retire=False), "retire first"),
+    (lambda self: _step(self, chunk=False), "chunked to fit"),
+    (lambda self: _step(self, prefills_continue=False), "takes its next chunk"),
+    (lambda self: _step(self, admit_after_preempt=True), "admit no new request"),
+    (lambda self: None, "return the step as a SchedulerOutput"),
 ])
 def test_rejects_mistakes(bad, message):
     with pytest.raises(AssertionError, match=message):
-        lab03.check_fill_budget(bad, seed=1)
+        lab03.check_schedule_token_budget(bad, submit=False)
+
+
+def test_wrong_signature_is_named():
+    with pytest.raises(TypeError, match="takes 2 parameter"):
+        lab03.check_schedule_token_budget(lambda self, budget: None, submit=False)
 
 
 def test_not_implemented_propagates():
-    def todo(d, p, b):
+    def todo(self):
         raise NotImplementedError("hint")
 
     with pytest.raises(NotImplementedError):
-        lab03.check_fill_budget(todo, seed=0)
+        lab03.check_schedule_token_budget(todo, submit=False)
