@@ -60,7 +60,8 @@ def main(argv: list[str] | None = None) -> dict:
     if args.smoke:
         args.steps, args.batch, args.lr, args.out = 30, 64, 3e-3, tempfile.mkdtemp(prefix="medusa-smoke-")
         args.val_every, args.draft_vocab = 0.05, min(args.draft_vocab, 2048)
-    ckpt = None if args.smoke else (args.ckpt or cache_dir() / "spec_heads" / f"ckpt-medusa-{spec.key()}.pt")
+    run_name = f"ckpt-medusa-{spec.key()}-g{spec.gen_shards}f{spec.fixed_shards}.pt"   # the corpus it trains on
+    ckpt = None if args.smoke else (args.ckpt or cache_dir() / "spec_heads" / run_name)
     t0 = time.time()
     hd = load_training_data(spec)
     target, data, train, val, starts = hd.target, hd.data, hd.train, hd.val, hd.heldout_starts
