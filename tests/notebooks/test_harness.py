@@ -21,7 +21,12 @@ import nbformat
 import pytest
 
 from lab_utils.paths import REPO_ROOT
-from lab_utils.student import exercise_cells, find_regions, first_exercise_index, write_student_copies
+from lab_utils.student import (
+    exercise_cells,
+    find_regions,
+    first_exercise_index,
+    write_student_copies,
+)
 
 pytestmark = pytest.mark.notebooks
 
