@@ -292,6 +292,27 @@ QUESTIONS: dict[str, list[Question]] = {
             "Restart the engine", "Return HTTP 500"], "b",
            "Otherwise abandoned requests keep consuming batch slots and KV memory: a slow leak under load."),
     ],
+    "13": [
+        _n("bitmask_words", "A grammar bitmask packs one bit per token into int32 words. How many words per row for "
+           "SmolLM2's vocabulary of 49,152 tokens?", 1536,
+           "49,152 / 32 = 1,536 int32 words (6 KiB) per constrained row, instead of 49,152 booleans.", unit="words"),
+        _c("greedy_mask", "After '{\"name\":\"Ana\"' the grammar allows only ',' and '}'. The model's highest logit is "
+           "on ' and'. What does greedy decoding pick?",
+           ["' and' (the mask only applies to sampling)", "Whichever of ',' and '}' has the higher logit",
+            "The end-of-sequence token", "A random allowed token"], "b",
+           "The mask sets every forbidden logit to -inf; argmax over what is left is the best allowed token."),
+        _c("overlap", "Why can the engine fill the bitmasks while the forward pass runs, but not apply them?",
+           ["Applying is cheaper", "Filling needs only the tokens accepted so far; applying needs this step's "
+            "logits, which the forward produces", "The GPU cannot apply masks", "Filling is done by the model"], "b",
+           "The matcher state is known before the step starts, so its mask can be computed in parallel (vLLM: "
+           "execute_model non-blocking, then get_grammar_bitmask); the -inf can only be written into logits that exist."),
+        _c("spec", "With speculative decoding, a draft proposes a token the grammar refuses. What happens?",
+           ["The grammar is relaxed for that step", "The output becomes invalid", "The guess is rejected (its masked "
+            "probability is 0) and the verifier's constrained token replaces it: output unchanged",
+            "The request is aborted"], "c",
+           "Each verified row gets the mask of the state after the guesses before it, so the verifier samples from the "
+           "constrained distribution at every position: speculation stays lossless."),
+    ],
 }
 
 

@@ -21,7 +21,8 @@ NOTEBOOK_RE = re.compile(r"\b(\d{2}_[A-Za-z0-9_]+)\.ipynb\b")
 TIME_RE = re.compile(r"^\d+(\.\d+)?\s*(s|sec|min|h)\b")
 COURSE = ["00_foundations", "01_continuous_batching", "02_paged_kv_cache", "03_chunked_prefill",
           "04_prefix_caching", "05_quantization", "06_distillation", "07_speculative_decoding", "08_vllm_tuning",
-          "09_gpu_scaling", "10_pd_disaggregation", "11_retrieval_session_state", "12_capstone_server"]
+          "09_gpu_scaling", "10_pd_disaggregation", "11_retrieval_session_state", "12_capstone_server",
+          "13_structured_output"]
 
 
 # ------------------------------------------------------------------------------------------- syllabus
