@@ -49,8 +49,10 @@ def resolve_dtype(name: str | torch.dtype | None, device: torch.device | str) ->
 
 
 def synchronize(device: torch.device | str) -> None:
-    if torch.device(device).type == "cuda":
-        torch.cuda.synchronize()
+    """Wait for `device`'s queued work (that device's, not the current one's: `cuda:1` is not `cuda:0`)."""
+    dev = torch.device(device)
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
 
 
 @dataclass
@@ -79,11 +81,12 @@ def time_fn(fn: Callable[[], object], device: torch.device | str = "cpu", warmup
     out = Timing()
     for _ in range(repeat):
         if dev.type == "cuda":
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn()
-            end.record()
-            torch.cuda.synchronize()
+            with torch.cuda.device(dev):  # events on `dev`'s stream, not the current device's
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                fn()
+                end.record()
+                torch.cuda.synchronize(dev)
             out.times.append(start.elapsed_time(end) / 1e3)
         else:
             t0 = time.perf_counter()

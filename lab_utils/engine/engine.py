@@ -31,6 +31,9 @@ class LLMEngine:
         # which version of each teachable part runs: the reference, or a learner's (lab_utils.engine.parts)
         self.parts = parts if parts is not None else REFERENCE
         self.device = resolve_device(device)
+        if self.device.type == "cuda" and self.device.index is not None:
+            # graph capture and the default stream follow the *current* device: make it this engine's
+            torch.cuda.set_device(self.device)
         owned = isinstance(model, str) or hasattr(model, "__fspath__")
         if owned:
             from lab_utils.models.loader import load_model
@@ -219,6 +222,14 @@ class LLMEngine:
         if not sched.scheduled:
             if self.scheduler.has_work():
                 stuck = ([r for r in self.scheduler.running if not r.status.done] or list(self.scheduler.waiting))[0]
+                if self.parts:
+                    from lab_utils.engine.parts import LearnerPartError
+
+                    bm = self.block_manager
+                    raise LearnerPartError(
+                        f"with your parts ({', '.join(sorted(self.parts.overrides))}) the scheduler made no progress "
+                        f"with {stuck}: {bm.num_free_blocks} of {bm.num_blocks} KV blocks are free. Check that "
+                        f"released blocks go back to the pool and that a request that fits is admitted")
                 raise RuntimeError(f"scheduler made no progress with {stuck}; this is a bug")
             return outputs
         t_start = now()

@@ -167,7 +167,9 @@ class ModelRunner:
         if self.attention_backend == "sdpa":
             if self.cpu_decode_kernel and min(q_lens) <= MAX_KERNEL_QUERIES:
                 return CpuDecodeAttention(self.cache, tables, ctx_lens, q_lens, self.block_size)
-            split = SplitMetadata.build(tables, ctx_lens, q_lens, self.block_size, self.device)
+            # decode rows in groups of 8 pay off on a CPU; on a GPU they multiply kernels and host syncs
+            split = SplitMetadata.build(tables, ctx_lens, q_lens, self.block_size, self.device) \
+                if self.device.type == "cpu" else None
             if split is not None:
                 return SplitPagedAttention(self.cache, split)
         meta = AttentionMetadata.build(tables, ctx_lens, q_lens, self.block_size, self.device)

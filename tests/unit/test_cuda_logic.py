@@ -294,3 +294,27 @@ def test_compiled_flex_on_cpu_recompiles_a_bounded_number_of_times(tiny, monkeyp
     assert frames() - start <= 2 * one_model
     limit = getattr(dc, "recompile_limit", None) or dc.cache_size_limit
     assert limit >= 64 >= 4 * 8
+
+
+def test_split_attention_groups_decode_rows_on_cpu_only(tiny, monkeypatch):
+    """The CPU-tuned split (decode rows in groups of 8) multiplied kernels and host syncs on a GPU's eager path."""
+    import lab_utils.engine.model_runner as mr
+
+    eng = LLMEngine(tiny, EngineConfig(num_gpu_blocks=16, enforce_eager=True), device="cpu")
+    built = []
+    monkeypatch.setattr(mr.SplitMetadata, "build", staticmethod(lambda *a, **k: built.append(a[-1])))
+    monkeypatch.setattr(mr.AttentionMetadata, "build", staticmethod(lambda *a, **k: "meta"))
+    r = mr.ModelRunner(eng.runner.model, eng.kv_cache, eng.block_size, torch.device("cuda"))
+    assert not r.cpu_decode_kernel and isinstance(r._attention([[0]], [3], [1]), mr.PagedAttention) and not built
+    r.device = torch.device("cpu")
+    r._attention([[0]], [3], [1])
+    assert built == [torch.device("cpu")]
+
+
+def test_synchronize_and_timing_use_the_given_cuda_device(monkeypatch):
+    from lab_utils import device as d
+
+    seen = []
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda dev=None: seen.append(dev))
+    d.synchronize("cuda:1")
+    assert seen == [torch.device("cuda:1")]
