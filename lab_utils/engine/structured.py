@@ -282,8 +282,8 @@ class StructuredOutputs:
         if masked is None or tuple(masked.shape) != (len(idx), logits.shape[-1]):
             raise ValueError(f"the mask function must return the masked logits [{len(idx)}, {logits.shape[-1]}], "
                              f"got {None if masked is None else tuple(masked.shape)}")
-        logits = logits.clone()
-        logits[index] = masked.to(logits.dtype)
+        with torch.inference_mode():  # the runner's logits are inference tensors: written in place, no copy
+            logits[index] = masked.to(logits.dtype)
         t2 = time.perf_counter()
         inline = not isinstance(work, Future)  # filled before the forward, on the step's own thread
         self.step_log.append({"rows": len(idx), "fill_ms": fill_ms, "wait_ms": (t1 - t0) * 1e3,
