@@ -34,6 +34,7 @@ makes the engine run theirs.
 from __future__ import annotations
 
 import json
+import re
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Callable
@@ -105,8 +106,8 @@ class GrammarCompiler:
             try:
                 self.cache[key] = self._compile(so)
             except Exception as err:  # the library's errors (bad schema, bad regex, ...) name the problem
-                raise ValueError(f"structured_output.{so.kind} could not be compiled: {type(err).__name__}: "
-                                 f"{str(err).strip()[:500]}") from None
+                why = re.sub(r"^\[[\d:]+\]\s+\S+:\d+:\s*", "", str(err).strip())  # drop "[time] file.cc:123:"
+                raise ValueError(f"structured_output.{so.kind} could not be compiled: {why[:500]}") from None
         return self.cache[key]
 
     def _compile(self, so: StructuredOutputParams):
