@@ -79,3 +79,44 @@ def check_goodput(fn: Callable[..., float], seed: int | None = None) -> None:
         raise AssertionError(f"trial {trial}: goodput over {len(reqs)} requests (slo_ttft_ms={slo_t}, slo_tpot_ms={slo_p}, "
                              f"duration {dur:.3f} s) returned {got!r}, expected {exp:.6g}" + (f"\n   hint: {hint}" if hint else ""))
     print("✔ check_goodput: goodput matches bench.metrics on 25 random workloads")
+
+
+# --- the lab's closing claims --------------------------------------------------------------------------------
+
+
+def claims(r: dict) -> list[tuple[str, bool]]:
+    """Lab 10's claims from the run's measurements `r` (built in the notebook's claims cell).
+
+    The first three are measurements (two real processes, the bytes that crossed the pipe, the simulator against
+    the real engine); the goodput and throughput figures come from the simulator at datasheet A100 numbers and are
+    labelled checks of the model."""
+    from lab_utils.checks.claims import need
+
+    need(r, "same_tokens", "n_prompts", "kv_ratio", "kv_bytes_per_token", "cal_err_ttft", "cal_err_tpot",
+         "cal_bound", "goodput", "best_pd", "thr_pd_best", "thr_colo")
+    gp, best = r["goodput"], r["best_pd"]
+    nochunk, chunk = gp["colocated (no chunking)"], gp["colocated (chunked prefill)"]
+    gain_nochunk, gain_chunk = gp[best] / max(nochunk, 1e-9), gp[best] / max(chunk, 1e-9)
+    worst_cal = max(r["cal_err_ttft"], r["cal_err_tpot"])
+    return [
+        (f"measured: a real prefill/decode split over 2 processes gives the same tokens as one engine "
+         f"({r['n_prompts']} prompts)", bool(r["same_tokens"])),
+        (f"measured: the KV bytes that crossed the pipe = prompt tokens x {r['kv_bytes_per_token']:,} B (+ headers; "
+         f"ratio {r['kv_ratio']:.3f}, allowed 0.99-1.2)", 0.99 <= r["kv_ratio"] < 1.2),
+        (f"measured: the simulator replays this engine on a held-out workload within {r['cal_bound']:.0%} (TTFT "
+         f"error {r['cal_err_ttft']:.1%}, TPOT {r['cal_err_tpot']:.1%}): its scheduling and overheads, not an "
+         "A100's roofline", worst_cal <= r["cal_bound"]),
+        (f"check of the model (simulated A100s): {best} serves {gain_nochunk:.2f}x the goodput per GPU of "
+         f"colocated serving without chunked prefill (DistServe's shape)", gp[best] > nochunk),
+        (f"check of the model (simulated A100s): no throughput gain at saturation, best 4-GPU split "
+         f"{r['thr_pd_best'] / r['thr_colo']:.2f}x colocated (vLLM's caveat 1)", r["thr_pd_best"] <= r["thr_colo"] * 1.02),
+        (f"check of the model (simulated A100s): against chunked prefill the gain shrinks to {gain_chunk:.2f}x "
+         f"(from {gain_nochunk:.2f}x; vLLM's caveat 2)", gain_chunk < gain_nochunk),
+    ]
+
+
+def assert_claims(r: dict, show: bool = True) -> None:
+    """Print lab 10's claims; AssertionError naming each one that fails."""
+    from lab_utils.checks.claims import report
+
+    report(claims(r), show)

@@ -1,0 +1,44 @@
+"""Negative controls for lab 10's claims: a good run passes, each perturbed result fails its claim."""
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+from lab_utils.checks import lab10
+
+
+def good() -> dict:
+    gp = {"colocated (no chunking)": 8.0, "colocated (chunked prefill)": 12.0, "1P:1D": 6.0, "2P:1D": 10.0,
+          "3P:1D": 12.0}
+    return dict(same_tokens=True, n_prompts=6, kv_ratio=1.002, kv_bytes_per_token=46080, cal_err_ttft=0.058,
+                cal_err_tpot=0.048, cal_bound=0.35, goodput=gp, best_pd="3P:1D", thr_pd_best=5635.0, thr_colo=6746.0)
+
+
+def test_a_good_run_passes(capsys):
+    lab10.assert_claims(good())
+    out = capsys.readouterr().out
+    assert "FAIL" not in out and out.count("check of the model") == 3
+
+
+def with_(key, value, sub=None):
+    r = copy.deepcopy(good())
+    if sub is None:
+        r[key] = value
+    else:
+        r[key][sub] = value
+    return r
+
+
+@pytest.mark.parametrize("key, sub, value, message", [
+    ("same_tokens", None, False, "same tokens as one engine"),     # a decode worker that loses the KV
+    ("kv_ratio", None, 2.0, "KV bytes that crossed the pipe"),     # whole blocks sent twice
+    ("kv_ratio", None, 0.5, "KV bytes that crossed the pipe"),     # half the layers missing
+    ("cal_err_tpot", None, 0.6, "replays this engine"),
+    ("goodput", "3P:1D", 7.0, "DistServe's shape"),
+    ("thr_pd_best", None, 8000.0, "no throughput gain"),
+    ("goodput", "colocated (chunked prefill)", 6.0, "against chunked prefill"),
+])
+def test_each_claim_fails_on_a_wrong_result(key, sub, value, message):
+    with pytest.raises(AssertionError, match=message):
+        lab10.assert_claims(with_(key, value, sub), show=False)
