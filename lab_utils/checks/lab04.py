@@ -1,59 +1,187 @@
-"""Checks for lab 04's exercise: the chained hash that names each full KV block for the prefix cache.
+"""Checks for lab 04's exercises: the prefix cache inside the engine's `BlockManager`.
 
-The check runs the learner's function on fresh random token lists, compares with the engine's own hashing, and
-raises AssertionError saying what differs (and what a known mistake looks like). It never shows the reference.
+Four parts (see `lab_utils.engine.parts`): `hash_block` names a full block, `match_prefix` finds a new prompt's
+cached leading blocks, `recycle` decides what happens to a block nobody references any more (kept in the LRU
+list if it holds a named prefix, else freed), `evict` takes the least recently used cached block back.
+
+Each `check_*` first runs small hand-built block pools in which one known mistake shows and is named, then
+`parts_check.check_part` compares the function with the reference on random engine states (every piece of state
+it touches), and, when both pass, makes it the engine's part (`learner.submit`). The reference is never shown.
 """
 from __future__ import annotations
 
+import copy
 import random
 from typing import Callable
 
-from lab_utils.engine.block_manager import block_hash
+from lab_utils.checks import parts_check
+from lab_utils.engine.block_manager import BlockManager
+from lab_utils.engine.parts import check_signature
+from lab_utils.engine.request import Request
+from lab_utils.engine.sampling_params import SamplingParams
+
+BS = 4  # block size of the hand-built pools
+PROMPT = [11, 12, 13, 14, 21, 22, 23, 24, 31, 32, 33, 34, 41]  # three full blocks and one token
 
 
-def _reference(token_ids: list[int], block_size: int) -> list[int]:
-    out, parent = [], None
-    for i in range(len(token_ids) // block_size):
-        parent = block_hash(parent, tuple(token_ids[i * block_size:(i + 1) * block_size]))
-        out.append(parent)
-    return out
+def _req(ids: list[int], rid: str = "new") -> Request:
+    return Request(rid, None, list(ids), SamplingParams(max_tokens=4), 0.0)
 
 
-def check_block_hashes(fn: Callable, seed: int | None = None, cases: int = 30) -> None:
-    """`fn(token_ids, block_size) -> [hash of full block 0, hash of full block 1, ...]`, each hash being
-    `block_hash(parent_hash, tuple(block_token_ids))` with `parent_hash=None` for block 0."""
-    rng = random.Random(seed if seed is not None else random.randrange(1 << 30))
-    for i in range(cases):
-        bs = rng.choice([1, 2, 4, 8, 16])
-        n = rng.randint(0, 6 * bs) if i else 3 * bs + 1  # case 0 always ends in a partial block
-        ids = [rng.randrange(49152) for _ in range(n)]
-        want = _reference(ids, bs)
-        got = fn(list(ids), bs)
-        where = f"(case {i}: {n} tokens, block_size={bs})"
-        if got is None:
-            raise AssertionError(f"block_hashes returned None; return a list with one hash per full block {where}")
-        got = list(got)
-        if len(got) != len(want):
-            extra = ""
-            if len(got) == -(-n // bs):
-                extra = " (a partial last block must not be hashed: its tokens will still change)"
-            raise AssertionError(f"{len(got)} hashes for {n} tokens but there are {len(want)} full blocks{extra} {where}")
-        for j, (g, w) in enumerate(zip(got, want)):
-            if g == w:
-                continue
-            block = tuple(ids[j * bs:(j + 1) * bs])
-            diag = ""
-            if g == block_hash(None, block):
-                diag = (" — it equals the hash of this block alone: chain it to the previous block's hash, or two "
-                        "prompts that differ earlier would share this block's (different) K/V")
-            elif j and g == block_hash(tuple(ids[(j - 1) * bs:j * bs]), block):
-                diag = " — you chained the previous block's token ids, not its hash (the chain must cover the whole prefix)"
-            elif g == hash(block):
-                diag = " — use block_hash(parent_hash, token_ids), not hash(token_ids)"
-            raise AssertionError(f"hash of block {j} is {g}, expected {w}{diag} {where}")
-    # equal prefixes give equal hashes, different earlier blocks give different later hashes
-    a = fn([1, 2, 3, 4, 5, 6], 2)
-    b = fn([9, 2, 3, 4, 5, 6], 2)
-    if a[2] == b[2]:
-        raise AssertionError("[1,2,3,4,5,6] and [9,2,3,4,5,6] got the same hash for block 2: the chain is broken")
-    print(f"check_block_hashes passed ({cases} random cases)")
+def _pool(num_blocks: int = 12) -> BlockManager:
+    """A pool in which PROMPT was computed and finished: its 3 full blocks are cached (named, ref count 0, in
+    LRU order), its partial block is free; a second request that shares PROMPT's first block still runs."""
+    bm = BlockManager(num_blocks, BS, enable_prefix_caching=True, watermark=0.0)
+    first = _req(PROMPT, "first")
+    bm.admit(first)
+    bm.grow(first, len(PROMPT))
+    first.num_computed_tokens = len(PROMPT)
+    bm.commit_full_blocks(first)
+    second = _req(PROMPT[:4] + [51, 52, 53, 54, 55], "second")
+    bm.admit(second)
+    bm.grow(second, second.num_prompt_tokens)
+    second.num_computed_tokens = second.num_prompt_tokens
+    bm.commit_full_blocks(second)
+    bm.free(first)
+    return bm
+
+
+def _state(bm: BlockManager) -> dict:
+    return {"free_ids": sorted(bm.free_ids), "evictable (LRU order)": list(bm.evictable),
+            "hash_to_block": dict(bm.hash_to_block), "ref_counts": [b.ref_count for b in bm.blocks],
+            "block names (hash, token_ids)": [(b.hash, b.token_ids) for b in bm.blocks]}
+
+
+def _compare(part: str, what: str, fn: Callable, call: Callable, bm: BlockManager, mistake: str,
+             state_mistake: str | None = None) -> None:
+    """Run `call(reference)` and `call(fn)` on copies of `bm`; the first difference fails naming `mistake`
+    (`state_mistake` when it returned the right value but left the pool in another state)."""
+    a, b = copy.deepcopy(bm), copy.deepcopy(bm)
+    want = call(getattr(BlockManager, part), a)
+    try:
+        got = call(fn, b)
+    except NotImplementedError:
+        raise
+    except Exception as err:
+        raise AssertionError(f"block_manager.{part} ({what}): your function raised {type(err).__name__}: {err}") \
+            from err
+    if got != want:
+        raise AssertionError(f"block_manager.{part} ({what}): it returned {got!r}; expected {want!r}\n"
+                             f"likely mistake: {mistake}")
+    sa, sb = _state(a), _state(b)
+    key = next((k for k in sa if sa[k] != sb[k]), None)
+    if key is not None:
+        raise AssertionError(f"block_manager.{part} ({what}): afterwards {key} is {sb[key]!r}; expected "
+                             f"{sa[key]!r}\nlikely mistake: {state_mistake or mistake}")
+
+
+def _finish(name: str, fn: Callable, trials: int, seed: int, submit: bool) -> None:
+    from lab_utils import learner
+
+    parts_check.check_part(name, fn, trials=trials, seed=seed)
+    if submit:
+        learner.submit(name, fn)
+
+
+def check_hash_block(fn: Callable, trials: int = 150, seed: int = 0, submit: bool = True) -> None:
+    """`fn(self, parent_hash, token_ids) -> int`: the name of a full block, chained over the whole prefix."""
+    name = "block_manager.hash_block"
+    check_signature(name, fn)
+    bm = BlockManager(4, BS)
+    rng = random.Random(seed)
+    for i in range(20):
+        ids = tuple(rng.randrange(49152) for _ in range(BS))
+        parent = None if i == 0 else rng.randrange(1 << 40)
+        got, want = fn(bm, parent, ids), BlockManager.hash_block(bm, parent, ids)
+        if got == want:
+            continue
+        where = f"(parent_hash={parent}, token_ids={ids})"
+        if not isinstance(got, int):
+            raise AssertionError(f"{name}: returned {type(got).__name__}, not an int {where}")
+        if got == hash(ids) or (parent is not None and got == BlockManager.hash_block(bm, None, ids)):
+            raise AssertionError(f"{name}: the name does not depend on parent_hash {where}: hash the pair "
+                                 f"(parent_hash, token_ids), or two prompts that differ in an earlier block would "
+                                 f"share this block, whose K/V were computed for another past")
+        raise AssertionError(f"{name}: returned {got}, expected {want} {where}: the engine names a block "
+                             f"hash((parent_hash, token_ids)), a tuple of the parent's name and the block's ids")
+    _finish(name, fn, trials, seed, submit)
+
+
+def check_match_prefix(fn: Callable, trials: int = 150, seed: int = 0, submit: bool = True) -> None:
+    """`fn(self, req) -> [block ids]`: the cached blocks holding the prompt's leading full blocks, in order."""
+    name = "block_manager.match_prefix"
+    check_signature(name, fn)
+
+    cases = [
+        ("the cached 13-token prompt again", _req(PROMPT),
+         "walk the prompt's full blocks in order: parent = self.hash_block(parent, ids), look the name up in "
+         "self.hash_to_block, and keep the block id while it hits"),
+        ("its first 12 tokens: three full blocks, all cached", _req(PROMPT[:12]),
+         "you matched every full block of the prompt: leave at least one prompt token to compute (match at most "
+         "(num_prompt_tokens - 1) // block_size blocks), because the step that computes the last prompt token "
+         "produces the logits the first output token is sampled from"),
+        ("same first block, different second block, same third block", _req(PROMPT[:4] + [9, 9, 9, 9] + PROMPT[8:]),
+         "stop at the first block that misses: a later block with equal tokens was computed after another past, "
+         "and its chained name differs anyway (chain the names, parent = the previous block's name)"),
+        ("a prompt sharing nothing", _req([5, 6, 7, 8, 1, 2, 3, 4, 9]),
+         "a prompt whose first block misses matches nothing: return []"),
+    ]
+    for what, req, mistake in cases:
+        _compare("match_prefix", what, fn, lambda g, bm, r=req: g(bm, _req(r.prompt_token_ids)), _pool(), mistake)
+    # a hash collision: the name of a new block points at a cached block that holds other tokens
+    bm = _pool()
+    other = [61, 62, 63, 64, 1]
+    bm.hash_to_block[BlockManager.hash_block(bm, None, tuple(other[:4]))] = bm.hash_to_block[
+        BlockManager.hash_block(bm, None, tuple(PROMPT[:4]))]
+    _compare("match_prefix", "a prompt whose first block's name collides with a cached block of other tokens", fn,
+             lambda g, b: g(b, _req(other)), bm,
+             "equal names almost always mean equal tokens, but not always: compare the cached block's token_ids "
+             "(self.blocks[bid].token_ids) with the prompt's, and treat a difference as a miss")
+    _finish(name, fn, trials, seed, submit)
+
+
+def check_recycle(fn: Callable, trials: int = 150, seed: int = 0, submit: bool = True) -> None:
+    """`fn(self, block_id) -> None` for a block whose reference count just reached 0."""
+    name = "block_manager.recycle"
+    check_signature(name, fn)
+    bm = _pool()
+    shared = bm.hash_to_block[BlockManager.hash_block(bm, None, tuple(PROMPT[:4]))]  # still used by "second"
+    second_own = [b.block_id for b in bm.blocks if b.ref_count == 1 and b.block_id != shared]
+
+    def drop(bid: int) -> Callable:
+        def call(g, b):
+            b.blocks[bid].ref_count = 0  # its last reference just went
+            return g(b, bid)
+        return call
+
+    named = [b.block_id for b in bm.blocks if b.ref_count == 1 and b.hash is not None and b.block_id != shared]
+    unnamed = [b for b in second_own if bm.blocks[b].hash is None]
+    _compare("recycle", "the shared first block of the cached prompt, last reference gone", fn, drop(shared), bm,
+             "a block that holds a named prefix (self.hash_to_block[block.hash] == block_id) stays cached: put it "
+             "at the end (the most recently used) of self.evictable (self.evictable[block_id] = None), not back "
+             "in free_ids, so a later prompt can still hit it")
+    if named:
+        _compare("recycle", "a named full block of a running request, last reference gone", fn, drop(named[0]), bm,
+                 "a block with a name goes to the end of the LRU list self.evictable (the newest), not the front")
+    _compare("recycle", "the unnamed partial last block of a request", fn, drop(unnamed[0]), bm,
+             "a block without a name (block.hash is None) can never be hit: free it (self.free_ids.append)")
+    dup = copy.deepcopy(bm)
+    blk = dup.blocks[unnamed[0]]
+    blk.hash, blk.token_ids = dup.blocks[shared].hash, dup.blocks[shared].token_ids  # same tokens, computed twice
+    _compare("recycle", "a full block whose name belongs to another block (the same tokens, computed twice)", fn,
+             drop(unnamed[0]), dup,
+             "a block is cached only if the name leads to it (self.hash_to_block.get(block.hash) == block_id); a "
+             "duplicate no lookup can find is freed, and forgets its name (block.hash = None, block.token_ids = ())")
+    _finish(name, fn, trials, seed, submit)
+
+
+def check_evict(fn: Callable, trials: int = 150, seed: int = 0, submit: bool = True) -> None:
+    """`fn(self) -> block_id`: the least recently used cached block, taken out of the cache."""
+    name = "block_manager.evict"
+    check_signature(name, fn)
+    _compare("evict", "two cached blocks in LRU order, a third still in use", fn, lambda g, b: g(b), _pool(),
+             "you evicted another block than the least recently used one: take the front of self.evictable "
+             "(self.evictable.popitem(last=False)); the end holds the most recently used",
+             "the evicted block must forget its name: drop it from self.hash_to_block and clear block.hash and "
+             "block.token_ids, or a later prompt would hit a block that now holds other tokens")
+    _finish(name, fn, trials, seed, submit)

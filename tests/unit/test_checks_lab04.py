@@ -1,67 +1,97 @@
-"""Lab 04's checker accepts a correct hash chain and rejects each common mistake with a useful message."""
+"""Lab 04's checks accept the engine's prefix-cache parts and reject each common mistake with a named message."""
 from __future__ import annotations
 
 import pytest
 
+from lab_utils import learner
 from lab_utils.checks import lab04
-from lab_utils.engine.block_manager import block_hash
+from lab_utils.engine.block_manager import BlockManager
 
 
-def good(ids, bs):
-    out, parent = [], None
-    for i in range(len(ids) // bs):
-        parent = block_hash(parent, tuple(ids[i * bs:(i + 1) * bs]))
-        out.append(parent)
-    return out
+# correct versions, written independently of the engine's
+def hash_block(self, parent_hash, token_ids):
+    return hash((parent_hash, token_ids))
 
 
-def test_accepts_correct(capsys):
-    lab04.check_block_hashes(good, seed=0)
-    lab04.check_block_hashes(good)
-    assert "check_block_hashes passed" in capsys.readouterr().out
+def match_prefix(self, req, *, whole_prompt=False, guard=True):
+    found, name, bs = [], None, self.block_size
+    n = req.num_prompt_tokens if whole_prompt else req.num_prompt_tokens - 1
+    for i in range(n // bs):
+        ids = tuple(req.prompt_token_ids[i * bs:(i + 1) * bs])
+        name = self.hash_block(name, ids)
+        bid = self.hash_to_block.get(name)
+        if bid is None or (guard and self.blocks[bid].token_ids != ids):
+            break
+        found.append(bid)
+    return found
 
 
-def _partial_too(ids, bs):
-    out, parent = [], None
-    for i in range(-(-len(ids) // bs)):
-        parent = block_hash(parent, tuple(ids[i * bs:(i + 1) * bs]))
-        out.append(parent)
-    return out
+def recycle(self, block_id, *, keep_cached=True, check_owner=True):
+    blk = self.blocks[block_id]
+    if keep_cached and blk.hash is not None and (not check_owner or self.hash_to_block.get(blk.hash) == block_id):
+        self.evictable[block_id] = None
+    else:
+        blk.hash, blk.token_ids = None, ()
+        self.free_ids.append(block_id)
 
 
-def _unchained(ids, bs):
-    return [block_hash(None, tuple(ids[i * bs:(i + 1) * bs])) for i in range(len(ids) // bs)]
+def evict(self, *, oldest=True, forget=True):
+    block_id, _ = self.evictable.popitem(last=not oldest)
+    blk = self.blocks[block_id]
+    if forget:
+        self.hash_to_block.pop(blk.hash, None)
+        blk.hash, blk.token_ids = None, ()
+    return block_id
 
 
-def _parent_ids(ids, bs):
-    out, prev = [], None
-    for i in range(len(ids) // bs):
-        blk = tuple(ids[i * bs:(i + 1) * bs])
-        out.append(block_hash(prev, blk))
-        prev = blk
-    return out
+CHECKS = {"hash_block": (lab04.check_hash_block, hash_block), "match_prefix": (lab04.check_match_prefix, match_prefix),
+          "recycle": (lab04.check_recycle, recycle), "evict": (lab04.check_evict, evict)}
 
 
-def _plain_hash(ids, bs):
-    return [hash(tuple(ids[i * bs:(i + 1) * bs])) for i in range(len(ids) // bs)]
+@pytest.mark.parametrize("part", list(CHECKS))
+def test_accepts_the_reference_and_a_correct_version(part, capsys):
+    check, mine = CHECKS[part]
+    check(getattr(BlockManager, part), submit=False)
+    check(mine, trials=60, seed=5, submit=False)
+    assert capsys.readouterr().out.count("random cases agree with the reference") == 2
 
 
-@pytest.mark.parametrize("bad, message", [
-    (_partial_too, "partial last block"),
-    (_unchained, "chain it to the previous"),
-    (_parent_ids, "token ids, not its hash"),
-    (_plain_hash, "not hash"),
-    (lambda ids, bs: None, "returned None"),
-    (lambda ids, bs: good(ids, bs)[::-1], "expected"),
+def test_submit_makes_them_the_engines_parts(tmp_path, monkeypatch):
+    monkeypatch.setenv("LAB_LEARNER_DIR", str(tmp_path))
+    try:
+        for check, mine in CHECKS.values():
+            check(mine, trials=10)
+        parts = learner.parts(upto="04", quiet=True)
+        assert all(parts.is_learners(f"block_manager.{p}") for p in CHECKS)
+        assert "def recycle(" in (tmp_path / "block_manager.py").read_text()
+    finally:
+        learner.forget()
+
+
+@pytest.mark.parametrize("check, bad, message", [
+    (lab04.check_hash_block, lambda self, parent, ids: hash(ids), "does not depend on parent_hash"),
+    (lab04.check_hash_block, lambda self, parent, ids: hash((ids, parent)), "hash\\(\\(parent_hash, token_ids\\)\\)"),
+    (lab04.check_match_prefix, lambda self, req: match_prefix(self, req, whole_prompt=True),
+     "leave at least one prompt token"),
+    (lab04.check_match_prefix, lambda self, req: match_prefix(self, req, guard=False), "compare the cached block"),
+    (lab04.check_match_prefix, lambda self, req: [], "walk the prompt's full blocks"),
+    (lab04.check_recycle, lambda self, bid: recycle(self, bid, keep_cached=False), "stays cached"),
+    (lab04.check_recycle, lambda self, bid: recycle(self, bid, check_owner=False), "a duplicate"),
+    (lab04.check_evict, lambda self: evict(self, oldest=False), "another block than the least recently used"),
+    (lab04.check_evict, lambda self: evict(self, forget=False), "must forget its name"),
 ])
-def test_rejects_mistakes(bad, message):
+def test_rejects_mistakes(check, bad, message):
     with pytest.raises(AssertionError, match=message):
-        lab04.check_block_hashes(bad, seed=1)
+        check(bad, submit=False)
 
 
-def test_not_implemented_propagates():
-    def todo(ids, bs):
+@pytest.mark.parametrize("part", list(CHECKS))
+def test_not_implemented_propagates(part):
+    check, mine = CHECKS[part]
+
+    def todo(*args):
         raise NotImplementedError("hint")
 
+    todo.__signature__ = __import__("inspect").signature(mine)
     with pytest.raises(NotImplementedError):
-        lab04.check_block_hashes(todo, seed=0)
+        check(todo, submit=False)
