@@ -162,3 +162,14 @@ def check_admit_retire(fn: StepFn, seed: int | None = None, cases: int = 200) ->
         raise AssertionError(f"a whole burst of {len(lens)} requests took {got_run.steps} steps with your step, "
                              f"{want_run.steps} with continuous batching")
     print(f"check_admit_retire passed: {len(all_cases)} queues and a {len(lens)}-request run match continuous batching")
+
+
+# -- the engine part (lab 01's exercise) -------------------------------------------------------------------
+def check_schedule_continuous(fn, cases: int = 200) -> None:
+    """Your `schedule_continuous(self)` against the engine's on random scheduler states; then it becomes the
+    engine's scheduling step (saved to my_engine/scheduler.py)."""
+    from lab_utils import learner
+    from lab_utils.checks.parts_check import check_part
+
+    check_part("scheduler.schedule_continuous", fn, trials=cases)
+    learner.submit("scheduler.schedule_continuous", fn)

@@ -137,3 +137,35 @@ def check_gather_kv(fn: Callable, seed: int | None = None, cases: int = 20) -> N
                 raise AssertionError(f"the blocks came back sorted by id; logical block i is block_table[i] {where}")
         compare(f"gather_kv {where}", got, want, dims="token,head,dim")
     print(f"check_gather_kv passed ({cases} random cases)")
+
+
+# -- the engine parts (lab 02's exercises) -----------------------------------------------------------------
+def check_allocator(grow: Callable, release: Callable, cases: int = 200) -> None:
+    """Your `grow` and `release` against the engine's on random block pools; then they become the engine's."""
+    from lab_utils import learner
+    from lab_utils.checks.parts_check import check_part
+
+    check_part("block_manager.grow", grow, trials=cases)
+    check_part("block_manager.release", release, trials=cases)
+    learner.submit("block_manager.grow", grow)
+    learner.submit("block_manager.release", release)
+
+
+def check_preemption(make_room: Callable, preempt: Callable, cases: int = 200) -> None:
+    """Your `make_room` and `preempt` against the engine's on random scheduler states (pools short of blocks)."""
+    from lab_utils import learner
+    from lab_utils.checks.parts_check import check_part
+
+    check_part("scheduler.preempt", preempt, trials=cases)
+    check_part("scheduler.make_room", make_room, trials=cases)
+    learner.submit("scheduler.preempt", preempt)
+    learner.submit("scheduler.make_room", make_room)
+
+
+def check_slot_mapping(fn: Callable, cases: int = 200) -> None:
+    """Your `slot_mapping` against the engine's on random block tables and steps; then the engine uses it."""
+    from lab_utils import learner
+    from lab_utils.checks.parts_check import check_part
+
+    check_part("attention.slot_mapping", fn, trials=cases)
+    learner.submit("attention.slot_mapping", fn)

@@ -72,7 +72,10 @@ class Scheduler:
         policy = {"static": self.schedule_static, "continuous": self.schedule_continuous,
                   "token_budget": self.schedule_token_budget}[self.config.scheduler]
         out = policy()
-        self.running = [r for r in self.running if not r.status.done]  # whatever the policy forgot
+        stale = [r.request_id for r in self.running if r.status.done]
+        if stale:
+            raise LearnerPartError(f"{policy.__name__}: requests {stale} had ended but are still in self.running: "
+                                   f"retire finished requests (status.done) at the start of the step")
         self._check(out, policy.__name__)
         return out
 
