@@ -97,3 +97,64 @@ def test_toy_simulation_counts_the_static_waste():
     assert s.steps == 36 and c.steps == 21
     assert max(c.finish_step.values()) == 21 and c.finish_step["0"] == 1  # a short request leaves after its step
     assert all(len(b) <= 2 for b in c.batch)
+
+
+# -- the engine part: schedule_continuous ----------------------------------------------------------------------
+def _lifo(self):
+    """Admits the newest waiting request first: breaks first come, first served."""
+    from lab_utils.engine.request import Status
+    from lab_utils.engine.scheduler import SchedulerOutput
+
+    out = SchedulerOutput()
+    self.running = [r for r in self.running if not r.status.done]
+    budget = self.config.max_num_batched_tokens
+    while self.waiting and len(self.running) < self.config.max_num_seqs:
+        self.waiting.rotate(1)  # the last arrival jumps to the head
+        req = self.waiting[0]
+        n = req.num_tokens - req.num_computed_tokens
+        if n > budget or not self.can_start(req, n):
+            self.waiting.rotate(-1)
+            break
+        n = self.start(req, n)
+        out.scheduled.append((req, n))
+        budget -= n
+    if not out.scheduled:
+        for req in list(self.running):
+            if req.status is Status.RUNNING and self.make_room(req, req.num_computed_tokens + 1, out):
+                out.scheduled.append((req, 1))
+    return out
+
+
+def _decodes_and_prefills(self):
+    """Mixes the admitted prompts and the decodes in one step: not prefill-first."""
+    from lab_utils.engine.request import Status
+    from lab_utils.engine.scheduler import SchedulerOutput
+
+    out = SchedulerOutput()
+    self.running = [r for r in self.running if not r.status.done]
+    for req in list(self.running):
+        if req.status is Status.RUNNING and self.make_room(req, req.num_computed_tokens + 1, out):
+            out.scheduled.append((req, 1))
+    while self.waiting and len(self.running) < self.config.max_num_seqs:
+        req = self.waiting[0]
+        n = req.num_tokens - req.num_computed_tokens
+        if not self.can_start(req, n):
+            break
+        out.scheduled.append((req, self.start(req, n)))
+    return out
+
+
+@pytest.mark.parametrize("wrong", [_lifo, _decodes_and_prefills])
+def test_check_schedule_continuous_rejects_wrong_steps(wrong, tmp_path, monkeypatch):
+    monkeypatch.setenv("LAB_LEARNER_DIR", str(tmp_path))
+    with pytest.raises(AssertionError, match="schedule_continuous"):
+        lab01.check_schedule_continuous(wrong)
+    assert not (tmp_path / "scheduler.py").exists(), "a part that fails its check must not be saved"
+
+
+def test_check_schedule_continuous_accepts_and_saves_the_reference(tmp_path, monkeypatch):
+    from lab_utils.engine.scheduler import Scheduler
+
+    monkeypatch.setenv("LAB_LEARNER_DIR", str(tmp_path))
+    lab01.check_schedule_continuous(Scheduler.schedule_continuous, cases=50)
+    assert "def schedule_continuous(" in (tmp_path / "scheduler.py").read_text()

@@ -111,3 +111,63 @@ def test_not_implemented_propagates():
         lab02.check_append_slots(todo, seed=0)
     with pytest.raises(NotImplementedError):
         lab02.check_gather_kv(todo, seed=0)
+
+
+# -- the engine parts: allocator, preemption, slot mapping --------------------------------------------------------
+def _grow_no_check(self, req, num_tokens):
+    for _ in range(self.blocks_needed(num_tokens) - len(req.block_table)):
+        req.block_table.append(self.take_block())  # raises when the pool is empty, after changing the table
+    return True
+
+
+def _release_always(self, block_id):
+    self.blocks[block_id].ref_count = 0
+    self.recycle(block_id)
+
+
+def _preempt_keeps_progress(self, req):
+    from lab_utils.engine.request import Status
+
+    self.running.remove(req)
+    self.num_preemptions += 1
+    req.metrics.preemptions += 1
+    self.bm.free(req)
+    req.status = Status.WAITING
+    self.waiting.append(req)  # to the back, and num_computed_tokens not reset
+
+
+def _slots_from_zero(block_tables, context_lens, query_lens, block_size):
+    return [t[p // block_size] * block_size + p % block_size
+            for t, c, q in zip(block_tables, context_lens, query_lens) for p in range(q)]
+
+
+@pytest.fixture
+def learner_dir(tmp_path, monkeypatch):
+    monkeypatch.setenv("LAB_LEARNER_DIR", str(tmp_path))
+    return tmp_path
+
+
+def test_check_allocator_rejects_wrong_parts(learner_dir):
+    from lab_utils.engine.block_manager import BlockManager
+
+    with pytest.raises(AssertionError, match="block_manager.grow"):
+        lab02.check_allocator(_grow_no_check, BlockManager.release)
+    with pytest.raises(AssertionError, match="last reference"):
+        lab02.check_allocator(BlockManager.grow, _release_always)
+    lab02.check_allocator(BlockManager.grow, BlockManager.release, cases=40)
+    assert "def grow(" in (learner_dir / "block_manager.py").read_text()
+
+
+def test_check_preemption_rejects_wrong_parts(learner_dir):
+    from lab_utils.engine.scheduler import Scheduler
+
+    with pytest.raises(AssertionError, match="scheduler.preempt"):
+        lab02.check_preemption(Scheduler.make_room, _preempt_keeps_progress)
+
+
+def test_check_slot_mapping_rejects_wrong_slots(learner_dir):
+    from lab_utils.engine.attention import slot_mapping
+
+    with pytest.raises(AssertionError, match="last query_len positions"):
+        lab02.check_slot_mapping(_slots_from_zero)
+    lab02.check_slot_mapping(slot_mapping, cases=40)
