@@ -86,6 +86,12 @@ def submit(name: str, fn: Callable, save: bool = True) -> None:
     print(f"engine part {name} is now yours (saved: {where})")
 
 
+def load_part(name: str) -> Callable | None:
+    """Your saved version of one part (from my_engine/), or None: for code that runs in another process
+    (tensor-parallel workers, the prefill/decode workers), which cannot see this kernel's registry."""
+    return _REGISTRY.get(name) or _load_saved(PARTS[name].component).get(name)
+
+
 def _load_saved(component: str) -> dict[str, Callable]:
     path = learner_dir() / f"{component}.py"
     if not path.exists():
@@ -153,14 +159,12 @@ def engine_config(lab: str, **overrides) -> EngineConfig:
 
 def show_reference(name: str) -> None:
     """Show the engine's own version of a part (the code you just rebuilt), as rendered source."""
-    from lab_utils.engine import attention, block_manager, scheduler
+    from lab_utils.paths import REPO_ROOT
 
     part = PARTS[name]
-    owner = {"scheduler": scheduler.Scheduler, "block_manager": block_manager.BlockManager,
-             "attention": attention}[part.component]
-    obj = getattr(owner, part.attr)
+    obj = part.reference()
     src = textwrap.dedent(inspect.getsource(obj))
-    file = Path(inspect.getsourcefile(obj)).relative_to(Path(scheduler.__file__).parents[2])
+    file = Path(inspect.getsourcefile(obj)).resolve().relative_to(REPO_ROOT)
     line = inspect.getsourcelines(obj)[1]
     title = f"The engine's own `{part.attr}` ({file}, line {line}):"
     try:

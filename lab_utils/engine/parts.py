@@ -34,6 +34,20 @@ class Part:
     lab: str  # the lab whose exercise writes it
     signature: str  # what the learner's function looks like
     summary: str  # one line: what it must do
+    ref: str = ""  # where the reference lives, "module:Qualified.name" (default: the engine's core classes)
+
+    def reference(self) -> Callable:
+        """The engine's own version of this part."""
+        import importlib
+
+        path = self.ref or {"scheduler": "lab_utils.engine.scheduler:Scheduler",
+                            "block_manager": "lab_utils.engine.block_manager:BlockManager",
+                            "attention": "lab_utils.engine.attention"}[self.component]
+        module, _, qual = path.partition(":")
+        obj = importlib.import_module(module)
+        for attr in [a for a in qual.split(".") if a]:
+            obj = getattr(obj, attr)
+        return obj if self.ref and qual.split(".")[-1] == self.attr else getattr(obj, self.attr)
 
     @property
     def component(self) -> str:
@@ -70,6 +84,9 @@ PARTS: dict[str, Part] = {p.name: p for p in [
 ]}
 
 COMPONENTS = ("scheduler", "block_manager", "attention")
+# Parts of later labs (quantized linears, the verify step, TP sharding, the KV hand-off, the server loop) are
+# registered the same way: a Part whose `ref` names the reference function ("module:function"); the code that
+# calls it takes the learner's version through `EngineParts.function(name, reference)` or an explicit argument.
 
 
 def check_signature(name: str, fn: Callable) -> None:
