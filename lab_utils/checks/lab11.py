@@ -104,3 +104,39 @@ def check_update_state(fn: Callable[[SessionState, str], SessionState], seed: in
                     )
             mine, ref = got, expected
     print(f"check_update_state passed: {conversations} random conversations give the reference state after every message")
+
+
+# --- the lab's closing claims --------------------------------------------------------------------------------
+
+
+def claims(r: dict) -> list[tuple[str, bool]]:
+    """Lab 11's claims from the run's follow-up summaries `r["followup"][retriever][strategy]` (recall@5,
+    tokens_per_query, constraint_completeness), for each retriever in `r["retrievers"]`."""
+    from lab_utils.checks.claims import need
+
+    need(r, "followup", "retrievers")
+    out = []
+    for name in r["retrievers"]:
+        fu = r["followup"][name]
+        last, full, sess = fu["last"], fu["full"], fu["session"]
+        gain = sess["recall@5"] - last["recall@5"]
+        share = sess["tokens_per_query"] / full["tokens_per_query"]
+        out += [
+            (f"{name}: session beats last by >= 0.15 recall@5 on follow-ups (+{gain:.3f}; the simulated replies are "
+             "correct, which helps session and full)", gain >= 0.15),
+            (f"{name}: session spends <= 50% of full's tokens per query ({share:.0%})", share <= 0.5),
+            (f"{name}: session matches or beats full's recall@5 ({sess['recall@5']:.3f} vs {full['recall@5']:.3f})",
+             sess["recall@5"] >= full["recall@5"]),
+            (f"{name}: check of the state, not of retrieval (the same rules wrote the annotations and fill the state): "
+             f"session carries every constraint (completeness {sess['constraint_completeness']:.2f}), last does not "
+             f"({last['constraint_completeness']:.2f})",
+             sess["constraint_completeness"] == 1.0 > last["constraint_completeness"]),
+        ]
+    return out
+
+
+def assert_claims(r: dict, show: bool = True) -> None:
+    """Print lab 11's claims; AssertionError naming each one that fails."""
+    from lab_utils.checks.claims import report
+
+    report(claims(r), show)
