@@ -173,3 +173,16 @@ def check_schedule_continuous(fn, cases: int = 200) -> None:
 
     check_part("scheduler.schedule_continuous", fn, trials=cases)
     learner.submit("scheduler.schedule_continuous", fn)
+
+
+# -- the lab's claims ----------------------------------------------------------------------------------------
+def assert_claims(results: dict, mismatch: dict, static_eq_cont: bool) -> None:
+    """Lab 01's claims from what it measured (`RESULTS`): raises AssertionError naming the first that fails."""
+    speedup = results["continuous_over_static_throughput"]
+    step_ratio = results["static_over_continuous_engine_steps"]
+    assert results["continuous_ran_your_scheduler"], "the continuous run did not use your scheduling step"
+    assert speedup >= 2.0, (f"continuous batching gave only {speedup:.2f}x the output throughput of static batching "
+                            f"on this workload (expected >= 2x; engine steps: {step_ratio:.2f}x fewer)")
+    assert step_ratio > 1, f"continuous batching needed {1 / step_ratio:.2f}x the engine steps of static (expected fewer)"
+    assert results["greedy_identical_to_solo"], f"batched greedy output differs from one-at-a-time generation: {mismatch}"
+    assert static_eq_cont, "static and continuous batching produced different tokens"

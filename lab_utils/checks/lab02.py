@@ -169,3 +169,26 @@ def check_slot_mapping(fn: Callable, cases: int = 200) -> None:
 
     check_part("attention.slot_mapping", fn, trials=cases)
     learner.submit("attention.slot_mapping", fn)
+
+
+# -- the lab's claims ----------------------------------------------------------------------------------------
+def claims(contiguous: dict, paged: dict, same: int, num_requests: int, used_your_parts: bool,
+           all_finished: bool) -> dict[str, bool]:
+    """Lab 02's claims from the two runs' measurements (`table_rows[...]`), each with its verdict."""
+    c, p = contiguous, paged
+    return {
+        f"paged waste {100 * p['kv_waste']:.2f}% < 4% of allocated KV memory": p["kv_waste"] < 0.04,
+        f"contiguous reservation waste {100 * c['kv_waste']:.0f}% > 50%": c["kv_waste"] > 0.5,
+        f">= 2x more sequences resident at once ({p['peak_running']} vs {c['peak_running']})":
+            p["peak_running"] >= 2 * c["peak_running"],
+        f"greedy outputs identical in both layouts ({same}/{num_requests})": same == num_requests,
+        "the paged run used your allocator, preemption and slot mapping": used_your_parts,
+        "every request finished with all its tokens in both layouts": all_finished,
+    }
+
+
+def assert_claims(verdicts: dict[str, bool]) -> None:
+    for claim, ok in verdicts.items():
+        print(("PASS  " if ok else "FAIL  ") + claim)
+    failed = [cl for cl, ok in verdicts.items() if not ok]
+    assert not failed, f"claims that do not hold: {failed}"

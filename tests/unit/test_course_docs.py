@@ -214,3 +214,21 @@ def test_results_page_is_short_and_has_no_history():
     assert not dated, f"docs/RESULTS.md: dated update headings {dated}: fold them into the lab's section"
     for lab in ("00", "01", "02", "03", "04", "05", "06", "07", "08", "09", "10", "11", "12"):
         assert re.search(rf"^## Lab {lab}\b", text, flags=re.M), f"docs/RESULTS.md has no '## Lab {lab}' section"
+
+
+# ---------------------------------------------------------------------------------- claims with negative controls
+CLAIMS_LABS = ["00", "01", "02", "05", "06", "07", "08", "09", "10", "11", "12"]
+
+
+@pytest.mark.parametrize("nn", CLAIMS_LABS)
+def test_claims_cell_runs_tested_claims(nn):
+    """The lab's claims run through lab_utils.checks.labNN.assert_claims, whose unit test has negative controls."""
+    import nbformat
+
+    (lab,) = (REPO_ROOT / "labs").glob(f"{nn}_*.ipynb")
+    nb = nbformat.read(lab, as_version=4)
+    assert any(f"lab{nn}.assert_claims(" in c.source for c in nb.cells if c.cell_type == "code"), (
+        f"{lab.name}: the claims cell should call lab{nn}.assert_claims(...) (logic in lab_utils/checks/lab{nn}.py)")
+    test = REPO_ROOT / "tests" / "unit" / f"test_claims_lab{nn}.py"
+    assert test.exists() and "raises(AssertionError" in test.read_text(encoding="utf-8"), (
+        f"{test.name} should feed lab{nn}.assert_claims perturbed measurements under pytest.raises(AssertionError)")

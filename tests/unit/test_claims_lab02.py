@@ -1,0 +1,30 @@
+"""Lab 02's claims cell: holds on good measurements, and each claim fails on a perturbed one."""
+from __future__ import annotations
+
+import pytest
+
+from lab_utils.checks import lab02
+
+CONTIGUOUS = {"kv_waste": 0.745, "peak_running": 8}
+PAGED = {"kv_waste": 0.028, "peak_running": 24}
+
+
+def verdicts(c=CONTIGUOUS, p=PAGED, same=24, yours=True, finished=True):
+    return lab02.claims(c, p, same, 24, used_your_parts=yours, all_finished=finished)
+
+
+def test_good_measurements_pass():
+    lab02.assert_claims(verdicts())
+
+
+@pytest.mark.parametrize("kwargs, words", [
+    (dict(p={**PAGED, "kv_waste": 0.06}), "paged waste"),
+    (dict(c={**CONTIGUOUS, "kv_waste": 0.3}), "contiguous reservation waste"),
+    (dict(p={**PAGED, "peak_running": 12}), "more sequences resident"),
+    (dict(same=23), "greedy outputs identical"),
+    (dict(yours=False), "used your allocator"),
+    (dict(finished=False), "every request finished"),
+])
+def test_each_claim_can_fail(kwargs, words):
+    with pytest.raises(AssertionError, match=words):
+        lab02.assert_claims(verdicts(**kwargs))
