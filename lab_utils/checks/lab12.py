@@ -84,3 +84,36 @@ def check_latencies(fn: Callable[[float, list[float]], tuple[float, list[float]]
             if abs(g - e) > 1e-9:
                 raise AssertionError(f"trial {trial}: ITL[{i}] = {g:.4f} s, expected {e:.4f} s")
     print("check_latencies passed: TTFT and ITL match on 20 random streams")
+
+
+# --- the lab's closing claims --------------------------------------------------------------------------------
+
+
+def claims(r: dict) -> list[tuple[str, bool]]:
+    """Lab 12's claims from the run's measurements `r` (built in the notebook's claims cell).
+
+    `server_ttft_count` / `server_ttft_mean_s` are the server's own TTFT histogram over the benchmark only (the
+    difference of /metrics read before and after it); `client_ttft_mean_s` is what the client measured for the same
+    requests."""
+    from lab_utils.checks.claims import need
+
+    need(r, "expected_tokens", "got_tokens", "n_requests", "server_ttft_count", "server_ttft_mean_s",
+         "client_ttft_mean_s", "kv_usage_after")
+    exp, got = list(r["expected_tokens"]), list(r["got_tokens"])
+    lost = [i for i, (a, b) in enumerate(zip(exp, got)) if a != b] + list(range(min(len(exp), len(got)), max(len(exp), len(got))))
+    cm, sm = r["client_ttft_mean_s"], r["server_ttft_mean_s"]
+    return [
+        (f"every request streamed every token ({len(got)} requests; wrong counts at {lost[:5]})", not lost),
+        (f"the server's TTFT histogram counted each of the {r['n_requests']} benchmark requests once (counted "
+         f"{r['server_ttft_count']:.0f})", r["server_ttft_count"] == r["n_requests"]),
+        (f"the client's mean TTFT is at least the server's for the same requests ({cm * 1e3:.1f} vs {sm * 1e3:.1f} ms: "
+         "HTTP, parsing and queueing before the engine come on top)", r["server_ttft_count"] > 0 and cm >= sm),
+        (f"no KV memory is held once the benchmark is over (usage {r['kv_usage_after']:.3f})", r["kv_usage_after"] == 0.0),
+    ]
+
+
+def assert_claims(r: dict, show: bool = True) -> None:
+    """Print lab 12's claims; AssertionError naming each one that fails."""
+    from lab_utils.checks.claims import report
+
+    report(claims(r), show)
