@@ -96,6 +96,15 @@ def colocated_run(model, engine_config: EngineConfig | None, prompts, params: Sa
         torch.set_num_threads(old)
 
 
+def _shared_gpu_share(config: EngineConfig, share: float | None) -> EngineConfig:
+    """Two workers on one GPU: each sized from its own share of the card (unless its KV is sized explicitly)."""
+    import dataclasses
+
+    if share is None or config.kv_cache_memory_bytes is not None or config.num_gpu_blocks is not None:
+        return config
+    return dataclasses.replace(config, gpu_memory_utilization=min(config.gpu_memory_utilization, share))
+
+
 @dataclass
 class _Tracked:
     prompt: str | None
@@ -118,18 +127,25 @@ class DisaggregatedCluster:
     """A prefill worker + a decode worker + this router. Use as a context manager."""
 
     def __init__(self, model: str = "smollm2-135m", engine_config: EngineConfig | None = None, device: str = "cpu",
-                 dtype: str = "float32", prefill_config: EngineConfig | None = None,
+                 dtype: str | None = None, prefill_config: EngineConfig | None = None,
                  decode_config: EngineConfig | None = None, on_worker_failure: str = "requeue",
                  threads_per_worker: int = 1, startup_timeout_s: float = 300.0) -> None:
         if on_worker_failure not in FAILURE_POLICIES:
             raise ValueError(f"on_worker_failure={on_worker_failure!r} is invalid: must be one of {FAILURE_POLICIES}")
+        if device not in ("auto", "cpu", "cuda"):
+            raise ValueError(f"device={device!r} is invalid: must be 'auto', 'cpu' or 'cuda'")
+        from lab_utils.parallel.placement import pd_placement
+
+        # prefill on cuda:0 and decode on cuda:1 where there are two GPUs; one shared GPU is split explicitly
+        self.placement = pd_placement(device)
+        on_gpu = self.placement.prefill != "cpu"
+        dtype = dtype or ("bfloat16" if on_gpu else "float32")  # the engine's defaults on each device
         if dtype not in DTYPES:
             raise ValueError(f"dtype={dtype!r} is invalid: must be one of {tuple(DTYPES)}")
-        if device not in ("cpu", "cuda"):
-            raise ValueError(f"device={device!r} is invalid: must be 'cpu' or 'cuda'")
         base = engine_config or EngineConfig()
-        self.model, self.device, self.dtype = str(model), device, dtype
-        self.prefill_config, self.decode_config = prefill_config or base, decode_config or base
+        self.model, self.device, self.dtype = str(model), "cuda" if on_gpu else "cpu", dtype
+        self.prefill_config, self.decode_config = (_shared_gpu_share(c or base, self.placement.gpu_memory_utilization)
+                                                   for c in (prefill_config, decode_config))
         self.on_worker_failure, self.threads, self.startup_timeout_s = on_worker_failure, threads_per_worker, startup_timeout_s
         self.tokenizer = None
         self._procs: dict[str, object] = {}
@@ -166,10 +182,10 @@ class DisaggregatedCluster:
         kv_read, kv_write = ctx.Pipe(duplex=False)  # the KV channel, prefill -> decode, bypassing the router
         self._procs = {
             "prefill": ctx.Process(target=prefill_main, name="lab-prefill", daemon=True,
-                                   args=(self.model, self.prefill_config, self.device, self.dtype, eos,
+                                   args=(self.model, self.prefill_config, self.placement.prefill, self.dtype, eos,
                                          self._queues["prefill"], p_write, kv_write, self.threads)),
             "decode": ctx.Process(target=decode_main, name="lab-decode", daemon=True,
-                                  args=(self.model, self.decode_config, self.device, self.dtype, eos,
+                                  args=(self.model, self.decode_config, self.placement.decode, self.dtype, eos,
                                         self._queues["decode"], d_write, kv_read, self.threads)),
         }
         for p in self._procs.values():
