@@ -12,7 +12,7 @@ from lab_utils.device import now, resolve_device
 from lab_utils.engine.block_manager import BlockManager
 from lab_utils.engine.config import EngineConfig
 from lab_utils.engine.accel import fast_linears, runner_options
-from lab_utils.engine.kv_cache import KVCache, bytes_per_token, storage_dtype
+from lab_utils.engine.kv_cache import KVCache, bytes_per_token, fp8_decode, fp8_encode, storage_dtype
 from lab_utils.engine.model_runner import ModelRunner
 from lab_utils.engine.parts import REFERENCE, EngineParts
 from lab_utils.engine.request import Request, RequestOutput, Status
@@ -47,8 +47,12 @@ class LLMEngine:
             from lab_utils.quant.linear import quantize_model
 
             # weight-only INT8/INT4 linears; a model passed in by the caller is copied, never changed under them
+            mine = {  # lab 05's parts: the learner's arithmetic, or None for quantize_model's own
+                "quantize_int8": self.parts.function("quant.quantize_per_channel_int8", None),
+                "quantize_int4": self.parts.function("quant.quantize_per_group_int4", None),
+                "dequantize_int4": self.parts.function("quant.dequantize_int4", None)}
             model, self.quantization_bytes_saved = quantize_model(model if owned else copy.deepcopy(model),
-                                                                  config.quantization)
+                                                                  config.quantization, **mine)
         self.model, self.tokenizer = model, tokenizer
         mc = model.config
         self.max_model_len = min(config.max_model_len or mc.max_position_embeddings, mc.max_position_embeddings)
@@ -61,7 +65,9 @@ class LLMEngine:
         self.bytes_per_block = self.bytes_per_token * self.block_size
         self.num_blocks = self._num_blocks()
         self.kv_cache = KVCache(mc.num_hidden_layers, self.num_blocks, self.block_size, mc.num_key_value_heads,
-                                mc.head_dim, model.dtype, store, self.device)
+                                mc.head_dim, model.dtype, store, self.device,
+                                fp8_codec=(self.parts.function("kv_cache.fp8_encode", fp8_encode),
+                                           self.parts.function("kv_cache.fp8_decode", fp8_decode)))  # lab 05
         self.block_manager = self.parts.subclass(BlockManager, "block_manager")(
             self.num_blocks, self.block_size, config.enable_prefix_caching and not contiguous, config.watermark)
         # the swap hooks hold the KV cache, not the engine: bound methods would make engine -> scheduler -> engine
@@ -78,7 +84,8 @@ class LLMEngine:
             from lab_utils.spec.engine_hook import SpecDecoder
 
             self.spec = SpecDecoder(config.speculative, self.runner.model, self.device, self.block_manager,
-                                    self.max_model_len, self.kv_cache)  # the runner's model: packed lm head on CPU
+                                    self.max_model_len, self.kv_cache,  # the runner's model: packed lm head on CPU
+                                    parts=self.parts)  # lab 07: the verify step and its rollback
         self.eos_ids = self._eos_ids()
         # structured output (lab 13): grammar masks for the requests that ask for them (xgrammar loads on first use)
         self.structured = StructuredOutputs(tokenizer, mc.vocab_size, self.eos_ids)

@@ -165,3 +165,33 @@ class EngineParts:
 
 
 REFERENCE = EngineParts()
+
+
+# Lab 05 (quantized linears, the FP8 KV cache) and lab 07 (the verify step and its rollback): plain functions the
+# engine calls through `EngineParts.function` (`quantize_model`, `KVCache`, `SpecDecoder`).
+PARTS.update({p.name: p for p in [
+    Part("quant.quantize_per_channel_int8", "05", "(w) -> (q, scale)",
+         "symmetric INT8, one scale per output row: q int8 [out, in] in -127..127, scale float32 [out, 1]",
+         ref="lab_utils.quant.linear:quantize_per_channel_int8"),
+    Part("quant.quantize_per_group_int4", "05", "(w, group_size) -> (q, scale)",
+         "symmetric INT4, one fp16 scale per group of inputs (rounded up), q int8 in -7..7, scale [out, groups]",
+         ref="lab_utils.quant.linear:quantize_per_group_int4"),
+    Part("quant.dequantize_int4", "05", "(q, scale, group_size) -> Tensor",
+         "INT4 back to the compute dtype: each group times its scale (runs in every forward of an Int4Linear)",
+         ref="lab_utils.quant.linear:dequantize_int4"),
+    Part("kv_cache.fp8_encode", "05", "(x) -> Tensor",
+         "K or V to FP8 E4M3 bytes: saturate at ±448, round to E4M3, the bit patterns as uint8",
+         ref="lab_utils.engine.kv_cache:fp8_encode"),
+    Part("kv_cache.fp8_decode", "05", "(bits, dtype) -> Tensor",
+         "FP8 E4M3 bytes back to values: sign, exponent (bias 7), mantissa, subnormals; in `dtype`",
+         ref="lab_utils.engine.kv_cache:fp8_decode"),
+    Part("spec.residual", "07", "(p, q) -> Tensor",
+         "where to draw after a rejection: max(0, p - q) normalised (p itself when p == q)",
+         ref="lab_utils.spec.verify:residual"),
+    Part("spec.accept_reject", "07", "(p, q, draft, u) -> (n_accepted, dist)",
+         "keep guess i while u[i] < min(1, p_i(x)/q_i(x)); the residual at the first rejection, else p[k]",
+         ref="lab_utils.spec.verify:accept_reject"),
+    Part("spec.rollback", "07", "(req, block_manager, num_guesses, num_accepted) -> None",
+         "after a verify: take the guesses out of the request, uncount the rejected ones, free their blocks",
+         ref="lab_utils.spec.engine_hook:rollback"),
+]})
