@@ -186,3 +186,12 @@ def assert_claims(results: dict, mismatch: dict, static_eq_cont: bool) -> None:
     assert step_ratio > 1, f"continuous batching needed {1 / step_ratio:.2f}x the engine steps of static (expected fewer)"
     assert results["greedy_identical_to_solo"], f"batched greedy output differs from one-at-a-time generation: {mismatch}"
     assert static_eq_cont, "static and continuous batching produced different tokens"
+
+
+def check_stop_reason(fn, cases: int = 300) -> None:
+    """Your `stop_reason` against the engine's on random requests and tokens; then the engine uses it."""
+    from lab_utils import learner
+    from lab_utils.checks.parts_check import check_part
+
+    check_part("engine.stop_reason", fn, trials=cases)
+    learner.submit("engine.stop_reason", fn)

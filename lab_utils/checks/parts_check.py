@@ -183,6 +183,8 @@ def check_part(name: str, fn: Callable, trials: int = 150, seed: int = 0) -> int
     ref_owner = Scheduler if part.component == "scheduler" else BlockManager
     if part.component == "attention":
         return _check_slot_mapping(fn, trials, seed)
+    if part.component == "engine":
+        return _check_stop_reason(fn, trials, seed)
     reference = getattr(ref_owner, part.attr)
     cases = 0
     for trial in range(trials):
@@ -221,6 +223,37 @@ def check_part(name: str, fn: Callable, trials: int = 150, seed: int = 0) -> int
         cases += 1
     print(f"{name}: {cases} random cases agree with the reference")
     return cases
+
+
+def _check_stop_reason(fn: Callable, trials: int, seed: int) -> int:
+    from lab_utils.engine.engine import stop_reason
+
+    rng = random.Random(seed)
+    eos = {2}
+    for trial in range(trials):
+        prompt = [rng.randrange(3, 50) for _ in range(rng.randint(1, 12))]
+        params = SamplingParams(max_tokens=rng.randint(1, 8), ignore_eos=rng.random() < 0.3,
+                                stop_token_ids=rng.choice([[], [7], [7, 9]]))
+        req = Request(str(trial), None, prompt, params, 0.0)
+        for _ in range(rng.randint(1, params.max_tokens)):
+            req.token_ids.append(rng.choice([2, 7, 9, rng.randrange(3, 50)]))
+        token = req.token_ids[-1]
+        max_model_len = rng.choice([req.num_tokens, req.num_tokens + 1, req.num_tokens + 20])
+        want = stop_reason(req, token, set(eos), max_model_len)
+        got = fn(req, token, set(eos), max_model_len)
+        if got != want:
+            hint = ("an end token does not stop a request with ignore_eos=True" if params.ignore_eos and token in eos
+                    else "a token in params.stop_token_ids stops the request ('stop')" if token in params.stop_token_ids
+                    else "'length': max_tokens counts output tokens only (req.num_output_tokens), and the whole "
+                         "sequence may not exceed max_model_len" if want == "length" or got == "length"
+                    else "an end token stops the request with 'stop'")
+            raise AssertionError(
+                f"engine.stop_reason, case {trial}: returned {got!r}, expected {want!r} for token {token} "
+                f"(eos_ids={sorted(eos)}, ignore_eos={params.ignore_eos}, stop_token_ids={params.stop_token_ids}, "
+                f"{req.num_output_tokens} of max_tokens={params.max_tokens} output tokens, {req.num_tokens} tokens "
+                f"of max_model_len={max_model_len})\nlikely mistake: {hint}")
+    print(f"engine.stop_reason: {trials} random cases agree with the reference")
+    return trials
 
 
 def _check_slot_mapping(fn: Callable, trials: int, seed: int) -> int:

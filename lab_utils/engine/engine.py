@@ -24,6 +24,18 @@ from lab_utils.engine.structured import StructuredOutputs
 CPU_DEFAULT_KV_BYTES = 1 << 30  # 1 GiB of KV on a CPU unless told otherwise
 
 
+def stop_reason(req: Request, token: int, eos_ids: set[int], max_model_len: int) -> str | None:
+    """Why `req` ends now that `token` is its newest token (already appended), or None: "stop" for an end
+    token (unless `ignore_eos`) or one of its `stop_token_ids`; "length" at `max_tokens` output tokens or when
+    the sequence fills `max_model_len`. (Stop strings are checked by the engine on the decoded text.)"""
+    p = req.params
+    if (token in eos_ids and not p.ignore_eos) or token in p.stop_token_ids:
+        return "stop"
+    if req.num_output_tokens >= p.max_tokens or req.num_tokens >= max_model_len:
+        return "length"
+    return None
+
+
 class LLMEngine:
     def __init__(self, model="smollm2-135m", config: EngineConfig | None = None, device: str = "auto",
                  dtype: torch.dtype | None = None, tokenizer=None, parts: EngineParts | None = None) -> None:
@@ -87,6 +99,7 @@ class LLMEngine:
                                     self.max_model_len, self.kv_cache,  # the runner's model: packed lm head on CPU
                                     parts=self.parts)  # lab 07: the verify step and its rollback
         self.eos_ids = self._eos_ids()
+        self._stop_fn = self.parts.function("engine.stop_reason", stop_reason)  # lab 01: when a request is done
         # structured output (lab 13): grammar masks for the requests that ask for them (xgrammar loads on first use)
         self.structured = StructuredOutputs(tokenizer, mc.vocab_size, self.eos_ids)
         if self.spec is not None:
@@ -291,15 +304,12 @@ class LLMEngine:
 
     def _stop_reason(self, req: Request, tok: int) -> str | None:
         p = req.params
-        if (tok in self.eos_ids and not p.ignore_eos) or tok in p.stop_token_ids:
-            return "stop"
-        if p.stop and self.tokenizer is not None:
+        reason = self._stop_fn(req, tok, self.eos_ids, self.max_model_len)
+        if reason != "stop" and p.stop and self.tokenizer is not None:
             tail = self.tokenizer.decode(req.output_token_ids[-16:])
             if any(s in tail for s in p.stop):
                 return "stop"
-        if req.num_output_tokens >= p.max_tokens or req.num_tokens >= self.max_model_len:
-            return "length"
-        return None
+        return reason
 
     def _output(self, req: Request, finished: bool, new: list[int] | None = None) -> RequestOutput:
         if finished and not self.keep_history:

@@ -61,6 +61,9 @@ class Part:
 PARTS: dict[str, Part] = {p.name: p for p in [
     Part("scheduler.schedule_continuous", "01", "(self) -> SchedulerOutput",
          "one step of continuous batching: retire, admit FCFS within slots/budget/KV, else decode everyone"),
+    Part("engine.stop_reason", "01", "(req, token, eos_ids, max_model_len) -> str | None",
+         "why a request ends after its newest token: 'stop' (end token), 'length' (max_tokens, max_model_len)",
+         ref="lab_utils.engine.engine:stop_reason"),
     Part("block_manager.grow", "02", "(self, req, num_tokens) -> bool",
          "extend req.block_table to cover num_tokens tokens from the free pool; False (no change) if it cannot"),
     Part("block_manager.release", "02", "(self, block_id) -> None",
@@ -87,6 +90,14 @@ COMPONENTS = ("scheduler", "block_manager", "attention")
 # Parts of later labs (quantized linears, the verify step, TP sharding, the KV hand-off, the server loop) are
 # registered the same way: a Part whose `ref` names the reference function ("module:function"); the code that
 # calls it takes the learner's version through `EngineParts.function(name, reference)` or an explicit argument.
+PARTS.update({p.name: p for p in [
+    Part("tensor_parallel.shard_weights", "09", "(w, rank, world_size, heads_per_kv, head_dim) -> dict",
+         "this rank's slice of a layer: q/k/v, gate/up by rows (column-parallel), o, down by columns (row-parallel)",
+         ref="lab_utils.parallel.tensor_parallel:shard_weights"),
+    Part("tensor_parallel.row_parallel", "09", "(x, weight, all_reduce) -> Tensor",
+         "a row-parallel linear: this rank's partial product, summed over the ranks by the all-reduce",
+         ref="lab_utils.parallel.tensor_parallel:row_parallel"),
+]})
 
 
 def check_signature(name: str, fn: Callable) -> None:

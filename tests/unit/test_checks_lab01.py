@@ -158,3 +158,19 @@ def test_check_schedule_continuous_accepts_and_saves_the_reference(tmp_path, mon
     monkeypatch.setenv("LAB_LEARNER_DIR", str(tmp_path))
     lab01.check_schedule_continuous(Scheduler.schedule_continuous, cases=50)
     assert "def schedule_continuous(" in (tmp_path / "scheduler.py").read_text()
+
+
+def _ignores_ignore_eos(req, token, eos_ids, max_model_len):
+    if token in eos_ids or token in req.params.stop_token_ids:
+        return "stop"
+    return "length" if req.num_output_tokens >= req.params.max_tokens or req.num_tokens >= max_model_len else None
+
+
+def test_check_stop_reason_rejects_a_wrong_rule_and_accepts_the_reference(tmp_path, monkeypatch):
+    from lab_utils.engine.engine import stop_reason
+
+    monkeypatch.setenv("LAB_LEARNER_DIR", str(tmp_path))
+    with pytest.raises(AssertionError, match="ignore_eos"):
+        lab01.check_stop_reason(_ignores_ignore_eos)
+    lab01.check_stop_reason(stop_reason, cases=50)
+    assert "def stop_reason(" in (tmp_path / "engine.py").read_text()

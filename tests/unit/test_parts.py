@@ -6,7 +6,6 @@ import pytest
 
 from lab_utils import EngineConfig, LLMEngine, SamplingParams, learner
 from lab_utils.checks import parts_check
-from lab_utils.engine.attention import slot_mapping
 from lab_utils.engine.block_manager import BlockManager
 from lab_utils.engine.parts import PARTS, EngineParts, LearnerPartError
 from lab_utils.engine.request import Status
@@ -14,9 +13,10 @@ from lab_utils.engine.scheduler import Scheduler, SchedulerOutput
 
 
 def reference(name: str):
-    comp, attr = name.split(".")
-    owner = {"scheduler": Scheduler, "block_manager": BlockManager}.get(comp)
-    return getattr(owner, attr) if owner else slot_mapping
+    return PARTS[name].reference()
+
+
+CORE = [n for n in PARTS if PARTS[n].lab <= "04"]  # the parts check_part knows (labs 01-04)
 
 
 @pytest.fixture(autouse=True)
@@ -27,7 +27,7 @@ def learner_dir(tmp_path, monkeypatch):
     learner.forget()
 
 
-@pytest.mark.parametrize("name", list(PARTS))
+@pytest.mark.parametrize("name", CORE)
 def test_the_reference_passes_its_own_check(name):
     assert parts_check.check_part(name, reference(name), trials=40) == 40
 
@@ -99,6 +99,18 @@ def hash_without_parent(self, parent_hash, token_ids):
     return hash(token_ids)
 
 
+def stops_on_eos_always(req, token, eos_ids, max_model_len):
+    if token in eos_ids or token in req.params.stop_token_ids:
+        return "stop"
+    return "length" if req.num_output_tokens >= req.params.max_tokens or req.num_tokens >= max_model_len else None
+
+
+def counts_all_tokens(req, token, eos_ids, max_model_len):
+    if (token in eos_ids and not req.params.ignore_eos) or token in req.params.stop_token_ids:
+        return "stop"
+    return "length" if req.num_tokens >= req.params.max_tokens or req.num_tokens >= max_model_len else None
+
+
 def evict_newest(self):
     bid, _ = self.evictable.popitem(last=True)
     blk = self.blocks[bid]
@@ -115,6 +127,8 @@ def evict_newest(self):
     ("scheduler.make_room", preempts_the_oldest, "newest"),
     ("attention.slot_mapping", slots_off_by_one, "slot"),
     ("block_manager.evict", evict_newest, "least recently used"),
+    ("engine.stop_reason", stops_on_eos_always, "ignore_eos"),
+    ("engine.stop_reason", counts_all_tokens, "output tokens only"),
 ])
 def test_a_wrong_part_fails_its_check_with_a_named_message(name, wrong, words):
     with pytest.raises(AssertionError, match=words):
