@@ -37,6 +37,7 @@ import math
 from collections import deque
 
 import torch
+import torch.nn.functional as F
 
 from lab_utils.engine.request import Request, Status
 from lab_utils.engine.scheduler import SchedulerOutput
@@ -59,7 +60,7 @@ def _saved_sources(path: Path) -> dict[str, str]:
     if not path.exists():
         return {}
     text = path.read_text(encoding="utf-8")
-    starts = [(m.start(), m.group(1)) for m in re.finditer(r"^def (\w+)\(", text, re.M)]
+    starts = [(m.start(), m.group(1)) for m in re.finditer(r"^(?:async )?def (\w+)\(", text, re.M)]
     out = {}
     for i, (pos, name) in enumerate(starts):
         end = starts[i + 1][0] if i + 1 < len(starts) else len(text)
@@ -79,7 +80,8 @@ def submit(name: str, fn: Callable, save: bool = True) -> None:
         folder.mkdir(parents=True, exist_ok=True)
         path = folder / f"{part.component}.py"
         funcs = _saved_sources(path)
-        funcs[part.attr] = re.sub(r"^def \w+\(", f"def {part.attr}(", src, count=1, flags=re.M)
+        funcs[part.attr] = re.sub(r"^(async )?def \w+\(", lambda m: f"{m.group(1) or ''}def {part.attr}(", src, count=1,
+                                  flags=re.M)
         body = "\n\n".join(funcs[k].rstrip() + "\n" for k in sorted(funcs))
         path.write_text(_HEADER.format(component=part.component) + "\n\n" + body, encoding="utf-8")
         where = str(path)
