@@ -64,8 +64,16 @@ class AsyncEngine:
         self._strikes: dict[str, int] = {}
         self._probation: deque[Request] = deque()
         self._probe: Request | None = None
-        self._thread = threading.Thread(target=self._loop, name="engine-loop", daemon=True)
-        self._thread.start()
+        self._thread: threading.Thread | None = None
+        self._start()
+
+    def _start(self) -> None:
+        """(Re)start the loop thread: an app's shutdown stops it, and an in-process test client runs the app's
+        startup/shutdown around every request."""
+        if self._thread is None or not self._thread.is_alive():
+            self._stop = False
+            self._thread = threading.Thread(target=self._loop, name="engine-loop", daemon=True)
+            self._thread.start()
 
     @property
     def num_waiting(self) -> int:
@@ -175,6 +183,7 @@ class AsyncEngine:
                                      f"{self.max_waiting}); retry later")
             self.engine.add_request(prompt, params, request_id=rid)
             self._streams[rid] = stream
+        self._start()
         self._wake.set()
         return stream
 

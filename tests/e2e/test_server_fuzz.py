@@ -1,0 +1,75 @@
+"""API fuzzing from the app's own OpenAPI schema (schemathesis): valid and invalid bodies for every endpoint,
+in process (ASGI). No input may get a 5xx; afterwards the server is healthy and holds no KV block."""
+from __future__ import annotations
+
+import pytest
+
+schemathesis = pytest.importorskip("schemathesis")
+from _server_utils import H, KEY, MODEL, tiny_engine, wait_idle  # noqa: E402
+from hypothesis import HealthCheck, settings  # noqa: E402
+from schemathesis.checks import not_a_server_error  # noqa: E402
+
+from lab_utils.server.app import create_app  # noqa: E402
+
+MAX_EXAMPLES = 40  # per endpoint and generation mode; ~10 s in all for the tiny model on 2 cores
+
+
+@pytest.fixture(scope="module")
+def fuzz_app():
+    engine = tiny_engine(max_num_seqs=8)
+    app = create_app(engine, MODEL, max_tokens_cap=4, api_key=KEY, max_body_bytes=32_000)
+    yield app
+    app.state.async_engine.shutdown()
+
+
+@pytest.fixture(scope="module")
+def api_schema(fuzz_app):
+    schema = schemathesis.openapi.from_asgi("/openapi.json", fuzz_app)
+    schema.config.generation.update(modes=list(schemathesis.GenerationMode), max_examples=MAX_EXAMPLES)
+    return schema
+
+
+def _operations(schema) -> list:
+    return [r.ok() for r in schema.get_all_operations()]
+
+
+# one test per endpoint and generation mode; the operations are listed from the schema inside the test (a
+# module-level `schema.parametrize()` would build the engine at collection time)
+# (a GET without parameters has no invalid input to generate: positive only)
+CASES = [("POST", "/v1/completions", "positive"), ("POST", "/v1/completions", "negative"),
+         ("POST", "/v1/chat/completions", "positive"), ("POST", "/v1/chat/completions", "negative"),
+         ("GET", "/v1/models", "positive"), ("GET", "/health", "positive"), ("GET", "/metrics", "positive")]
+
+
+@pytest.mark.parametrize("method,path,mode", CASES, ids=[f"{m} {p} {g}" for m, p, g in CASES])
+def test_no_input_gets_a_5xx(api_schema, method, path, mode):
+    from hypothesis import given
+
+    ops = {(op.method.upper(), op.path): op for op in _operations(api_schema)}
+    assert (method, path) in ops, f"the schema lists {sorted(ops)}"
+    strategy = ops[(method, path)].as_strategy(generation_mode=schemathesis.GenerationMode(mode))
+
+    @given(case=strategy)
+    @settings(max_examples=MAX_EXAMPLES, deadline=None, derandomize=True, database=None,
+              suppress_health_check=list(HealthCheck))
+    def check(case):
+        response = case.call(headers=H)
+        case.validate_response(response, checks=[not_a_server_error])
+
+    check()
+
+
+def test_healthy_and_no_blocks_held_after_fuzzing(fuzz_app, api_schema):
+    from starlette.testclient import TestClient
+
+    engine = fuzz_app.state.engine
+    wait_idle(engine)
+    print(f"fuzzing: {engine.num_finished} requests ran to the end, {engine.num_aborted} aborted")
+    assert engine.num_finished >= 10, "the fuzzer's valid requests should reach the engine and finish"
+    engine.block_manager.check_all_free()
+    client = TestClient(fuzz_app)
+    assert client.get("/health").status_code == 200
+    r = client.post("/v1/completions", headers=H, json={"model": MODEL, "prompt": [5, 6], "max_tokens": 3,
+                                                        "ignore_eos": True})
+    assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 3
+    assert fuzz_app.state.async_engine.num_step_failures == 0, "a fuzzed input reached the engine and broke a step"
