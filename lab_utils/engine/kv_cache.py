@@ -1,7 +1,8 @@
 """Where K and V actually live: one pool of slots per layer, addressed by slot = block_id * block_size + offset.
 
 `kv_cache_dtype` trades precision for capacity: fp8 stores 1 byte per value (cast with scale 1, as vLLM does
-by default), int8 stores 1 byte plus one fp32 scale per (token, head).
+by default), int8 stores 1 byte plus one fp32 scale per (token, head). The fp8 write and read go through
+`fp8_encode` / `fp8_decode` (lab 05's learner writes their own; the engine passes them in).
 """
 from __future__ import annotations
 
@@ -12,6 +13,16 @@ STORE_DTYPES = {
     "fp8": torch.float8_e4m3fn, "int8": torch.int8,
 }
 FP8_MAX = 448.0
+
+
+def fp8_encode(x: torch.Tensor) -> torch.Tensor:
+    """Values -> FP8 E4M3 bit patterns as uint8: saturate at ±448 (E4M3 has no inf), round to nearest even."""
+    return x.clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn).view(torch.uint8)
+
+
+def fp8_decode(bits: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """FP8 E4M3 bit patterns (uint8) -> their values in `dtype` (exact: every E4M3 value fits fp16/bf16/fp32)."""
+    return bits.view(torch.float8_e4m3fn).to(dtype)
 
 
 def storage_dtype(kv_cache_dtype: str, model_dtype: torch.dtype) -> torch.dtype:
@@ -27,13 +38,16 @@ def bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int, store: to
 
 class KVCache:
     def __init__(self, num_layers: int, num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int,
-                 compute_dtype: torch.dtype, store_dtype: torch.dtype, device: torch.device) -> None:
+                 compute_dtype: torch.dtype, store_dtype: torch.dtype, device: torch.device,
+                 fp8_codec: tuple | None = None) -> None:
         self.num_layers, self.num_blocks, self.block_size = num_layers, num_blocks, block_size
         self.compute_dtype, self.store_dtype = compute_dtype, store_dtype
         shape = (num_layers, num_blocks * block_size, num_kv_heads, head_dim)
         self.k = torch.zeros(shape, dtype=store_dtype, device=device)
         self.v = torch.zeros(shape, dtype=store_dtype, device=device)
         self.quantized = store_dtype == torch.int8
+        # (encode, decode) of an fp8 cache: values <-> uint8 bit patterns (default: the functions above)
+        self.fp8_encode, self.fp8_decode = fp8_codec or (fp8_encode, fp8_decode)
         if self.quantized:
             self.k_scale = torch.ones(shape[:3], dtype=torch.float32, device=device)
             self.v_scale = torch.ones(shape[:3], dtype=torch.float32, device=device)
@@ -48,7 +62,11 @@ class KVCache:
             scale = x.abs().amax(-1).float().clamp(min=1e-8) / 127.0
             return torch.round(x.float() / scale.unsqueeze(-1)).clamp(-127, 127).to(torch.int8), scale
         if self.store_dtype == torch.float8_e4m3fn:
-            return x.clamp(-FP8_MAX, FP8_MAX).to(self.store_dtype), None
+            bits = self.fp8_encode(x)
+            if not (isinstance(bits, torch.Tensor) and bits.dtype == torch.uint8 and bits.shape == x.shape):
+                raise ValueError(f"the fp8 encoder must return uint8 bit patterns of shape {tuple(x.shape)}, got "
+                                 f"{type(bits).__name__} {getattr(bits, 'dtype', '')} {tuple(getattr(bits, 'shape', ()))}")
+            return bits, None
         return x.to(self.store_dtype), None
 
     def _raw(self, t: torch.Tensor) -> torch.Tensor:
@@ -75,6 +93,9 @@ class KVCache:
         def rows(t: torch.Tensor) -> torch.Tensor:
             return t.index_select(0, flat).view(*slots.shape, *t.shape[1:])
 
+        if self.store_dtype == torch.float8_e4m3fn:
+            return (self.fp8_decode(rows(self._raw(self.k[layer])), self.compute_dtype).to(self.compute_dtype),
+                    self.fp8_decode(rows(self._raw(self.v[layer])), self.compute_dtype).to(self.compute_dtype))
         k = rows(self._raw(self.k[layer])).view(self.store_dtype)
         v = rows(self._raw(self.v[layer])).view(self.store_dtype)
         if self.quantized:

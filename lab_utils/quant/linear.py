@@ -17,8 +17,15 @@
 
 `Int8Linear` and `Int4Linear` keep activations in floating point (weight-only quantization), so they drop into
 any model; `W8A8Linear` does too, with the extra activation error.
+
+The arithmetic is in three small functions, `quantize_per_channel_int8`, `quantize_per_group_int4` and
+`dequantize_int4`; lab 05's learner writes their own, and `quantize_model(..., quantize_int8=, quantize_int4=,
+dequantize_int4=)` (the engine passes them from its `EngineParts`) builds the layers with those instead.
 """
 from __future__ import annotations
+
+import math
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -35,6 +42,45 @@ from lab_utils.quant.formats import (
 METHODS = ("int8", "int4", "w8a8")
 
 
+def quantize_per_channel_int8(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Symmetric INT8, one scale per output row: q = round(w / s) in -127..127, s = max|row| / 127 (1 for a zero
+    row). Returns (q int8 [out, in], s float32 [out, 1])."""
+    amax = w.float().abs().amax(dim=1, keepdim=True)
+    scale = torch.where(amax > 0, amax / 127, torch.ones_like(amax))
+    q = torch.clamp(torch.round(w.float() / scale), -127, 127).to(torch.int8)
+    return q, scale
+
+
+def quantize_per_group_int4(w: torch.Tensor, group_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Symmetric INT4, one scale per `group_size` inputs of a row: s = max|group| / 7, stored in fp16 and rounded
+    *up* to an fp16 value (so the group's largest weight still fits), q = round(w / stored s) in -7..7.
+    Returns (q int8 [out, in], s float16 [out, in / group_size]): the integers agree with the scale kept."""
+    g = w.float().reshape(w.shape[0], -1, group_size)
+    amax = g.abs().amax(dim=-1, keepdim=True)
+    scale = torch.where(amax > 0, amax / 7, torch.ones_like(amax))
+    s16 = scale.half()
+    s16 = torch.where(s16.float() < scale, torch.nextafter(s16, torch.full_like(s16, math.inf)), s16)
+    q = torch.clamp(torch.round(g / s16.float()), -7, 7).to(torch.int8)
+    return q.reshape(w.shape), s16.squeeze(-1)
+
+
+def dequantize_int4(q: torch.Tensor, scale: torch.Tensor, group_size: int) -> torch.Tensor:
+    """q [out, in] (integers) times its group's scale [out, in / group_size], in the scale's dtype."""
+    g = q.to(scale.dtype).reshape(q.shape[0], -1, group_size)
+    return (g * scale.unsqueeze(-1)).reshape(q.shape)
+
+
+def _checked(what: str, q: torch.Tensor, scale: torch.Tensor, q_shape, scale_shape, lo: int, hi: int) -> None:
+    """A quantizer passed in (a learner's) must return what the layer stores; say what is wrong if not."""
+    if not (isinstance(q, torch.Tensor) and isinstance(scale, torch.Tensor)):
+        raise ValueError(f"{what} must return two tensors (q, scale)")
+    if tuple(q.shape) != tuple(q_shape) or scale.numel() != math.prod(scale_shape):
+        raise ValueError(f"{what} returned q {tuple(q.shape)} and scale {tuple(scale.shape)}; the layer needs "
+                         f"q {tuple(q_shape)} and scale {tuple(scale_shape)}")
+    if q.numel() and (int(q.min()) < lo or int(q.max()) > hi):
+        raise ValueError(f"{what} returned integers in {int(q.min())}..{int(q.max())}; allowed {lo}..{hi}")
+
+
 class Int8Linear(nn.Module):
     """y = (x @ qᵀ) · scale + bias, q int8 [out, in], scale [out] (fp32: it is tiny)."""
 
@@ -46,12 +92,14 @@ class Int8Linear(nn.Module):
         self.register_buffer("bias", torch.zeros(out_features) if bias else None)
 
     @classmethod
-    def from_linear(cls, linear: nn.Linear) -> Int8Linear:
+    def from_linear(cls, linear: nn.Linear, quantize: Callable | None = None) -> Int8Linear:
+        """`quantize(w) -> (q, scale)`: the per-channel quantizer (default `quantize_per_channel_int8`)."""
         m = cls(linear.in_features, linear.out_features, linear.bias is not None)
         w = linear.weight.detach()
-        qt = quantize_int(w, bits=8, symmetric=True, granularity="channel", axis=0)
-        m.qweight = qt.q.to(w.device)
-        m.scale = qt.scale.reshape(-1).to(device=w.device, dtype=torch.float32)
+        q, scale = (quantize or quantize_per_channel_int8)(w)
+        _checked("the INT8 quantizer", q, scale, w.shape, (w.shape[0], 1), -127, 127)
+        m.qweight = q.to(device=w.device, dtype=torch.int8)
+        m.scale = scale.reshape(-1).to(device=w.device, dtype=torch.float32)
         if linear.bias is not None:
             m.bias = linear.bias.detach().clone()
         return m
@@ -89,11 +137,11 @@ class W8A8Linear(Int8Linear):
     of each token, `quantize_groups_int8`); here as dequantize-then-matmul, in the CPU kernel as integer dots."""
 
     @classmethod
-    def from_linear(cls, linear: nn.Linear) -> W8A8Linear:
+    def from_linear(cls, linear: nn.Linear, quantize: Callable | None = None) -> W8A8Linear:
         if linear.in_features % ACT_GROUP:
             raise ValueError(f"w8a8 needs in_features divisible by {ACT_GROUP} (one activation scale per "
                              f"{ACT_GROUP} inputs), got {linear.in_features}; use int8 (weight-only) for this layer")
-        return super().from_linear(linear)
+        return super().from_linear(linear, quantize)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         xq, s = quantize_groups_int8(x)
@@ -120,11 +168,25 @@ class Int4Linear(nn.Module):
         self.register_buffer("scales", torch.ones(out_features, n_groups, dtype=torch.float16))
         self.register_buffer("zeros", None if symmetric else torch.zeros(out_features, n_groups, dtype=torch.uint8))
         self.register_buffer("bias", torch.zeros(out_features) if bias else None)
+        self.dequantize = dequantize_int4  # (q, scale, group_size) -> weight; runs in every forward
 
     @classmethod
-    def from_linear(cls, linear: nn.Linear, group_size: int = 64, symmetric: bool = True) -> Int4Linear:
+    def from_linear(cls, linear: nn.Linear, group_size: int = 64, symmetric: bool = True,
+                    quantize: Callable | None = None, dequantize: Callable | None = None) -> Int4Linear:
+        """Symmetric: `quantize(w, group_size) -> (q, scale)` (default `quantize_per_group_int4`) and
+        `dequantize(q, scale, group_size)` (default `dequantize_int4`). Asymmetric: zero-points, built here."""
         m = cls(linear.in_features, linear.out_features, group_size, symmetric, linear.bias is not None)
         w = linear.weight.detach().float()
+        if dequantize is not None:
+            m.dequantize = dequantize
+        if symmetric:
+            q, scale = (quantize or quantize_per_group_int4)(w, group_size)
+            _checked("the INT4 quantizer", q, scale, w.shape, (w.shape[0], w.shape[1] // group_size), -8, 7)
+            m.qweight = pack_int4(q).to(w.device)
+            m.scales = scale.reshape(m.scales.shape).to(device=w.device, dtype=torch.float16)
+            if linear.bias is not None:
+                m.bias = linear.bias.detach().clone()
+            return m
         scale, zp = compute_qparams(w, 4, symmetric, "group", group_size)
         # Scales are stored in fp16. Round each one *up* to an fp16 value (so the group's range still fits: no
         # clipping) and choose the integers with that stored scale, so stored ints and stored scale agree.
@@ -144,6 +206,9 @@ class Int4Linear(nn.Module):
         return m
 
     def dequantized_weight(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        if self.zeros is None:
+            w = self.dequantize(unpack_int4(self.qweight, signed=True), self.scales.to(dtype), self.group_size)
+            return w.to(dtype)
         q = unpack_int4(self.qweight, signed=self.symmetric).to(dtype)
         q = q.view(self.out_features, -1, self.group_size)
         if self.zeros is not None:
@@ -191,13 +256,17 @@ def _set_module(model: nn.Module, name: str, new: nn.Module) -> None:
 
 @torch.no_grad()
 def quantize_model(model: nn.Module, method: str = "int8", group_size: int = 64, symmetric: bool = True,
-                   skip: tuple[str, ...] = ("lm_head",)) -> tuple[nn.Module, int]:
+                   skip: tuple[str, ...] = ("lm_head",), quantize_int8: Callable | None = None,
+                   quantize_int4: Callable | None = None,
+                   dequantize_int4: Callable | None = None) -> tuple[nn.Module, int]:
     """Replace the model's linear layers by quantized ones, in place.
 
     method: "int8" (weight-only, per output channel), "w8a8" (the same weights; activations rounded to INT8 on
     the fly, one scale per 32 inputs of each token) or "int4" (weight-only, group-wise, `group_size` inputs per
     scale, packed).
     Embeddings, norms and the (tied) lm_head stay in their dtype. Returns (model, bytes saved).
+    `quantize_int8` / `quantize_int4` / `dequantize_int4`: other versions of the arithmetic (a learner's), None =
+    this module's.
     """
     if method not in METHODS:
         raise ValueError(f"quantization={method!r}; allowed: {', '.join(METHODS)}")
@@ -213,9 +282,9 @@ def quantize_model(model: nn.Module, method: str = "int8", group_size: int = 64,
     before = tensor_bytes(model)
     for name, lin in targets:
         if method == "int4":
-            new = Int4Linear.from_linear(lin, group_size, symmetric)
+            new = Int4Linear.from_linear(lin, group_size, symmetric, quantize_int4, dequantize_int4)
         else:
-            new = (W8A8Linear if method == "w8a8" else Int8Linear).from_linear(lin)
+            new = (W8A8Linear if method == "w8a8" else Int8Linear).from_linear(lin, quantize_int8)
         _set_module(model, name, new)
     return model, before - tensor_bytes(model)
 
@@ -231,5 +300,6 @@ def bits_per_weight(method: str, group_size: int = 64, symmetric: bool = True, i
     raise ValueError(f"method={method!r}; allowed: {', '.join(METHODS)}")
 
 
-__all__ = ["Int4Linear", "Int8Linear", "W8A8Linear", "bits_per_weight", "linear_targets", "qrange",
-           "quantize_groups_int8", "quantize_model", "tensor_bytes"]
+__all__ = ["Int4Linear", "Int8Linear", "W8A8Linear", "bits_per_weight", "dequantize_int4", "linear_targets", "qrange",
+           "quantize_groups_int8", "quantize_model", "quantize_per_channel_int8", "quantize_per_group_int4",
+           "tensor_bytes"]

@@ -9,6 +9,9 @@ slots are simply overwritten later) and blocks that only held rejected guesses g
 engine appends the accepted tokens + the correction/bonus token with its usual stop checks, and commits to the
 prefix cache only after the rollback, so only blocks of verified tokens are ever shared.
 
+The walk (`accept_reject`, with its `residual`) and the `rollback` are lab 07's parts: `SpecDecoder` takes the
+learner's versions from the engine's `EngineParts`.
+
 Limits, on purpose: one chain per request (no tree attention); guesses never cause preemption (if the blocks
 are not free, that request decodes normally this step); guesses stay inside the step's token budget.
 """
@@ -22,7 +25,7 @@ from lab_utils.engine.request import Request
 from lab_utils.engine.sampler import apply_top_k_top_p, sample
 from lab_utils.spec import make_proposer
 from lab_utils.spec.base import Proposal
-from lab_utils.spec.verify import verify_greedy, verify_sampling
+from lab_utils.spec.verify import accept_reject, verify_greedy, verify_sampling
 
 
 @dataclass
@@ -61,6 +64,17 @@ class SpecStats:
         }
 
 
+def rollback(req: Request, block_manager, num_guesses: int, num_accepted: int) -> None:
+    """After a verify step: take the guesses back out of the request, uncount the rejected ones (their KV slots
+    are garbage, overwritten later) and give back the blocks past the verified tokens + the one this step adds."""
+    del req.token_ids[len(req.token_ids) - num_guesses:]
+    req.num_computed_tokens -= num_guesses - num_accepted
+    keep = block_manager.blocks_needed(req.num_computed_tokens + 1)
+    for bid in reversed(req.block_table[keep:]):  # last block first, as `free` does
+        block_manager.release(bid)
+    del req.block_table[keep:]
+
+
 def target_probs(logits: torch.Tensor, params) -> torch.Tensor:
     """The target's sampling distribution at each row, exactly as the non-speculative sampler would use it."""
     rows = [apply_top_k_top_p(row.float() / params.temperature, params.top_k, params.top_p) for row in logits]
@@ -68,7 +82,8 @@ def target_probs(logits: torch.Tensor, params) -> torch.Tensor:
 
 
 class SpecDecoder:
-    def __init__(self, spec_config, model, device, block_manager, max_model_len: int, kv_cache=None) -> None:
+    def __init__(self, spec_config, model, device, block_manager, max_model_len: int, kv_cache=None,
+                 parts=None) -> None:
         self.config, self.k = spec_config, spec_config.num_speculative_tokens
         self.proposer = make_proposer(spec_config, model, device)
         self.bm, self.max_model_len, self.kv_cache = block_manager, max_model_len, kv_cache
@@ -76,6 +91,14 @@ class SpecDecoder:
         self.hidden: dict[str, torch.Tensor] = {}  # per request: rows promised by the `hidden` contract (base.py)
         # structured output: (request, proposal) -> the proposal cut after the first guess its grammar refuses
         self.draft_filter = None
+        # lab 07's parts: None = the reference walk (and the fast greedy path); else the learner's
+        walk = parts.function("spec.accept_reject", None) if parts is not None else None
+        mine = parts.function("spec.residual", None) if parts is not None else None
+        if walk is None and mine is not None:  # only the residual is the learner's: the reference walk uses it
+            def walk(p, q, draft, u):
+                return accept_reject(p, q, draft, u, residual=mine)
+        self.walk = walk
+        self.rollback = parts.function("spec.rollback", rollback) if parts is not None else rollback
 
     def plan(self, scheduled: list[tuple[Request, int]], budget: int) -> tuple[dict[str, Proposal], list[int]]:
         """Add guesses to this step's decodes (in place). Returns {request id: proposal} and, per scheduled
@@ -145,13 +168,16 @@ class SpecDecoder:
     def _verify_one(self, req: Request, prop: Proposal, logits: torch.Tensor) -> list[int]:
         guesses = prop.token_ids
         if req.params.greedy:
-            toks = verify_greedy(logits, guesses)
+            toks = verify_greedy(logits, guesses, self.walk)
         else:
-            toks = verify_sampling(target_probs(logits, req.params), guesses, prop.probs, req.generator)
+            toks = verify_sampling(target_probs(logits, req.params), guesses, prop.probs, req.generator, self.walk)
         accepted = len(toks) - 1
-        del req.token_ids[-len(guesses):]
-        req.num_computed_tokens -= len(guesses) - accepted  # KV of the rejected guesses is now garbage
-        self.bm.trim(req, req.num_computed_tokens + 1)  # keep blocks for verified tokens + the new one
+        if not 0 <= accepted <= len(guesses):
+            from lab_utils.engine.parts import LearnerPartError
+
+            raise LearnerPartError(f"the verify step kept {accepted} of {len(guesses)} guesses: n_accepted must be "
+                                   f"in 0..{len(guesses)}")
+        self.rollback(req, self.bm, len(guesses), accepted)  # KV of the rejected guesses is now garbage
         self.stats.record(len(guesses), accepted)
         self.proposer.on_accept(req.request_id, accepted)
         return toks
