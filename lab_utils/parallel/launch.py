@@ -40,6 +40,7 @@ class ParallelResult:
     startup_s: float = 0.0  # spawn + rendezvous + model load, wall time seen by the caller
     latency_per_call_s: float = 0.0  # one decode-sized message with both ranks ready (calibrated after the run)
     per_rank: list[dict] = field(default_factory=list)
+    learner_parts: list[list[str]] = field(default_factory=list)  # per rank: the learner's parts it ran
 
     @property
     def bytes_per_step(self) -> float:
@@ -57,8 +58,12 @@ class ParallelResult:
 
 
 def _rank_main(rank: int, world_size: int, port: int, backend: str, device: str, model: str,
-               prompts: list[list[int]], max_tokens: int, mode: str, dtype: str, threads: int, results) -> None:
+               prompts: list[list[int]], max_tokens: int, mode: str, dtype: str, threads: int, results,
+               learner_parts=(), learner_dir: str | None = None) -> None:
     import torch.distributed as dist
+
+    if learner_dir:  # the rank loads the learner's saved parts from the caller's my_engine/
+        os.environ["LAB_LEARNER_DIR"] = learner_dir
 
     torch.set_num_threads(threads)
     try:
@@ -68,7 +73,7 @@ def _rank_main(rank: int, world_size: int, port: int, backend: str, device: str,
         dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size,
                                 timeout=timedelta(seconds=120))
         comm = Comm(rank, world_size, dev)
-        res = run_rank(model, prompts, max_tokens, mode, comm, DTYPES[dtype])
+        res = run_rank(model, prompts, max_tokens, mode, comm, DTYPES[dtype], learner_parts)
         results.put(("ok", rank, res))
     except BaseException:  # report, never hang the parent
         results.put(("error", rank, traceback.format_exc()))
@@ -97,14 +102,17 @@ def _result(mode, world, backend, device, ranks: list[RankResult], startup: floa
                           r0.comm_time_s, r0.comm_time_s / fwd if fwd else 0.0, r0.bytes_communicated,
                           r0.comm_calls, n_tok / r0.total_time_s if r0.total_time_s else 0.0, startup, r0.latency_per_call_s,
                           [dict(rank=r.rank, comm_time_s=r.comm_time_s, total_time_s=r.total_time_s,
-                                bytes_communicated=r.bytes_communicated, load_time_s=r.load_time_s) for r in ranks])
+                                bytes_communicated=r.bytes_communicated, load_time_s=r.load_time_s) for r in ranks],
+                          [list(r.learner_parts) for r in ranks])
 
 
 def run_parallel(model: str = "smollm2-135m", prompts=(), max_tokens: int = 16, mode: str = "tp",
                  world_size: int = 2, backend: str = "auto", device: str = "cpu", dtype: str = "float32",
-                 threads_per_rank: int = 1, timeout_s: float = 600.0) -> ParallelResult:
+                 threads_per_rank: int = 1, timeout_s: float = 600.0, learner_parts=()) -> ParallelResult:
     """Greedy-generate `max_tokens` for each prompt (text or token ids) with the model split over `world_size`
-    processes; returns when every rank has exited. `backend="auto"`: NCCL on CUDA, gloo on CPU."""
+    processes; returns when every rank has exited. `backend="auto"`: NCCL on CUDA, gloo on CPU.
+    `learner_parts` (mode "tp"): names of the learner's tensor-parallel parts every rank loads from my_engine/
+    (`lab_utils.learner.submit` saved them; `LAB_LEARNER_DIR` moves the folder) in place of the reference."""
     if mode not in MODES:
         raise ValueError(f"mode={mode!r} is invalid: must be one of {MODES}")
     if dtype not in DTYPES:
@@ -116,6 +124,9 @@ def run_parallel(model: str = "smollm2-135m", prompts=(), max_tokens: int = 16, 
     ids = _tokenize(model, list(prompts))
     if not ids or any(not p for p in ids):
         raise ValueError("prompts must be a non-empty list of non-empty prompts")
+    learner_parts = tuple(learner_parts)
+    if learner_parts and mode != "tp":
+        raise ValueError(f"learner_parts={learner_parts} are tensor-parallel parts: use mode='tp', not {mode!r}")
     if mode == "single":
         world_size = 1
     elif not isinstance(world_size, int) or world_size < 2:
@@ -134,16 +145,19 @@ def run_parallel(model: str = "smollm2-135m", prompts=(), max_tokens: int = 16, 
             torch.set_num_threads(old)
         return _result(mode, 1, None, device, [r], time.perf_counter() - t0 - r.total_time_s)
     backend = pick_backend(backend, device)
-    return _launch(world_size, backend, device, model, ids, max_tokens, mode, dtype, threads_per_rank, timeout_s, t0)
+    return _launch(world_size, backend, device, model, ids, max_tokens, mode, dtype, threads_per_rank, timeout_s, t0,
+                   learner_parts)
 
 
-def _launch(world, backend, device, model, ids, max_tokens, mode, dtype, threads, timeout_s, t0) -> ParallelResult:
+def _launch(world, backend, device, model, ids, max_tokens, mode, dtype, threads, timeout_s, t0,
+            learner_parts=()) -> ParallelResult:
     ctx = torch.multiprocessing.get_context("spawn")
     results = ctx.Queue()
     port = free_tcp_port()
     os.environ.setdefault("OMP_NUM_THREADS", str(threads))
     procs = [ctx.Process(target=_rank_main, name=f"lab-rank{r}", daemon=True,
-                         args=(r, world, port, backend, device, model, ids, max_tokens, mode, dtype, threads, results))
+                         args=(r, world, port, backend, device, model, ids, max_tokens, mode, dtype, threads, results,
+                               learner_parts, _learner_dir(learner_parts)))
              for r in range(world)]
     got: dict[int, RankResult] = {}
     try:
@@ -172,6 +186,16 @@ def _launch(world, backend, device, model, ids, max_tokens, mode, dtype, threads
         results.join_thread()
     total = got[0].total_time_s
     return _result(mode, world, backend, device, [got[r] for r in range(world)], time.perf_counter() - t0 - total)
+
+
+def _learner_dir(learner_parts) -> str | None:
+    if not learner_parts:
+        return None
+    from lab_utils import learner
+    from lab_utils.parallel.tensor_parallel import load_tp_parts
+
+    load_tp_parts(learner_parts)  # fail here, in the caller, when a part is missing or does not load
+    return str(learner.learner_dir().resolve())
 
 
 def stop_processes(procs, grace_s: float = 5.0) -> None:

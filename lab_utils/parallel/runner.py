@@ -15,7 +15,7 @@ import torch
 from lab_utils.models.kv_cache_simple import SimpleKVCache
 from lab_utils.parallel.comm import Comm
 from lab_utils.parallel.pipeline_parallel import PipelineStage
-from lab_utils.parallel.tensor_parallel import shard_llama
+from lab_utils.parallel.tensor_parallel import load_tp_parts, shard_llama
 
 MODES = ("single", "tp", "pp")
 
@@ -31,6 +31,7 @@ class RankResult:
     comm_calls: int = 0
     load_time_s: float = 0.0
     latency_per_call_s: float = 0.0  # one decode-sized message with both ranks ready (see `calibrate`)
+    learner_parts: list[str] = field(default_factory=list)  # the learner's parts this rank ran (TP)
 
 
 def _sync(device: torch.device) -> None:
@@ -70,17 +71,19 @@ def load_weights_only(name: str, device: torch.device, dtype: torch.dtype):
 
 @torch.inference_mode()
 def run_rank(model_name: str, prompts: list[list[int]], max_tokens: int, mode: str, comm: Comm,
-             dtype: torch.dtype) -> RankResult:
+             dtype: torch.dtype, learner_parts=()) -> RankResult:
     t0 = time.perf_counter()
+    used: list[str] = []
     model = load_weights_only(model_name, comm.device, dtype)
     cfg = model.config
     kv_heads, stage = cfg.num_key_value_heads, None
     if mode == "tp":
-        shard_llama(model, comm)
+        shard_fn, row_fn, used = load_tp_parts(learner_parts)
+        shard_llama(model, comm, shard_fn, row_fn)
         kv_heads = model.local_kv_heads
     elif mode == "pp":
         stage = PipelineStage(model, comm)
-    out = RankResult(comm.rank, load_time_s=time.perf_counter() - t0)
+    out = RankResult(comm.rank, load_time_s=time.perf_counter() - t0, learner_parts=used)
     comm.reset()  # count only generation traffic
     t_start = time.perf_counter()
     for prompt in prompts:

@@ -53,3 +53,86 @@ def test_allreduce_checker_accepts_correct(capsys):
 def test_allreduce_checker_rejects_mistakes(bad, msg):
     with pytest.raises(AssertionError, match=msg):
         lab09.check_allreduce_time(bad, seed=2)
+
+
+# --- the tensor-parallel parts: the learner's shard functions --------------------------------------------------
+def _rng(n, world, rank):
+    sizes = [n // world + (1 if r < n % world else 0) for r in range(world)]
+    return sum(sizes[:rank]), sum(sizes[:rank + 1])
+
+
+def _shard(w, rank, world, g, D, split=_rng, q_group=True, o_rows=False, gate_cols=False):
+    kv0, kv1 = split(w["k_proj"].shape[0] // D, world, rank)
+    i0, i1 = split(w["gate_proj"].shape[0], world, rank)
+    q0, q1 = (kv0 * g * D, kv1 * g * D) if q_group else (kv0 * D, kv1 * D)
+    return {"q_proj": w["q_proj"][q0:q1], "k_proj": w["k_proj"][kv0 * D:kv1 * D], "v_proj": w["v_proj"][kv0 * D:kv1 * D],
+            "o_proj": w["o_proj"][q0:q1] if o_rows else w["o_proj"][:, q0:q1],
+            "gate_proj": w["gate_proj"][:, i0:i1] if gate_cols else w["gate_proj"][i0:i1],
+            "up_proj": w["up_proj"][i0:i1], "down_proj": w["down_proj"][:, i0:i1]}
+
+
+def _even(n, world, rank):
+    return rank * (n // world), (rank + 1) * (n // world)
+
+
+def _last_takes_more(n, world, rank):
+    sizes = [n // world + (1 if r >= world - n % world else 0) for r in range(world)]
+    return sum(sizes[:rank]), sum(sizes[:rank + 1])
+
+
+@pytest.fixture
+def learner_dir(tmp_path, monkeypatch):
+    from lab_utils import learner
+
+    monkeypatch.setenv("LAB_LEARNER_DIR", str(tmp_path / "my_engine"))
+    yield tmp_path / "my_engine"
+    learner.forget()
+
+
+def test_shard_checker_accepts_correct_and_submits(learner_dir, capsys):
+    def shard_weights(w, rank, world_size, heads_per_kv, head_dim):
+        return _shard(w, rank, world_size, heads_per_kv, head_dim)
+
+    lab09.check_shard_weights(shard_weights, cases=20)
+    assert "✔" in capsys.readouterr().out
+    assert "def shard_weights(" in (learner_dir / "tensor_parallel.py").read_text()
+
+
+@pytest.mark.parametrize("kw, msg", [
+    (dict(split=_even), "first ranks take one more"),                 # 3 KV heads over 2 ranks -> 1 + 1
+    (dict(split=_last_takes_more), "rank order, rank 0 first|first ranks take one more"),
+    (dict(q_group=False), "query heads"),                               # q sliced like k
+    (dict(o_rows=True), "row-parallel: keep whole columns"),            # o_proj by rows
+    (dict(gate_cols=True), "column-parallel: keep whole rows"),         # gate_proj by columns
+])
+def test_shard_checker_rejects_mistakes(kw, msg, learner_dir):
+    with pytest.raises(AssertionError, match=msg):
+        lab09.check_shard_weights(lambda w, r, n, g, D: _shard(w, r, n, g, D, **kw), cases=20)
+
+
+def test_row_checker_accepts_correct(learner_dir, capsys):
+    lab09.check_row_parallel(lambda x, w, ar: ar(x @ w.T), cases=10)
+    assert "✔" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("bad, msg", [
+    (lambda x, w, ar: x @ w.T, "sum the ranks' partial products"),               # no all-reduce
+    (lambda x, w, ar: ar(x) @ w.T, "not the input"),                               # all-reduce of the input
+    (lambda x, w, ar: (ar(x @ w.T), x @ w.T)[1], "partial product"),               # the sum thrown away
+])
+def test_row_checker_rejects_mistakes(bad, msg, learner_dir):
+    with pytest.raises(AssertionError, match=msg):
+        lab09.check_row_parallel(bad, cases=10)
+
+
+def test_tp_run_check_names_the_first_wrong_token_and_a_rank_on_the_reference():
+    from types import SimpleNamespace
+
+    parts = ["tensor_parallel.shard_weights", "tensor_parallel.row_parallel"]
+    single = SimpleNamespace(token_ids=[[1, 2, 3], [4, 5, 6]], world_size=1, learner_parts=[[]])
+    good = SimpleNamespace(token_ids=[[1, 2, 3], [4, 5, 6]], world_size=2, learner_parts=[parts, parts])
+    lab09.check_tp_run(good, single, parts)
+    with pytest.raises(AssertionError, match="prompt 1: the tensor-parallel run's greedy token 2 is 9"):
+        lab09.check_tp_run(SimpleNamespace(**{**vars(good), "token_ids": [[1, 2, 3], [4, 5, 9]]}), single, parts)
+    with pytest.raises(AssertionError, match="rank 1 .* did not run your"):
+        lab09.check_tp_run(SimpleNamespace(**{**vars(good), "learner_parts": [parts, []]}), single, parts)

@@ -9,7 +9,9 @@ from lab_utils.checks import lab09
 
 
 def good() -> dict:
-    return dict(same_tp=True, same_pp=True, n_prompts=4, max_tokens=16, ratio_tp=1.0, ratio_pp=1.003,
+    return dict(same_tp=True, same_pp=True, n_prompts=4,
+                tp_parts=[["tensor_parallel.row_parallel", "tensor_parallel.shard_weights"]] * 2,
+                max_tokens=16, ratio_tp=1.0, ratio_pp=1.003,
                 tp_dec={2: 25.3, 4: 14.3, 8: 8.7}, pp_dec={2: 67.6, 4: 79.3, 8: 88.9},
                 sat={1: 6244.0, 2: 5081.0, 4: 3755.0, 8: 2467.0},
                 l4=dict(tokens1=42262, tokens2=207057, seqs1=18, seqs2=89, thr1=214.0, thr2=736.0),
@@ -34,6 +36,7 @@ def with_(path: str, value) -> dict:
 
 @pytest.mark.parametrize("path, value, message", [
     ("same_tp", False, "same greedy tokens"),                    # a rank that skips its all-reduce
+    ("tp_parts.1", ["tensor_parallel.shard_weights"], "your shard_weights"),  # a rank ran the reference
     ("same_pp", False, "same greedy tokens"),
     ("ratio_tp", 0.5, "payloads"),                               # an all-reduce that sends half the activations
     ("ratio_pp", 1.2, "payloads"),
