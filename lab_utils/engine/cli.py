@@ -22,6 +22,8 @@ _ENGINE_FLAGS = [
     ("--block-size", "block_size", dict(type=int, help="tokens per KV block (default 16)")),
     ("--num-gpu-blocks", "num_gpu_blocks", dict(type=int, help="KV pool size in blocks (default: from the memory budget)")),
     ("--kv-cache-memory-bytes", "kv_cache_memory_bytes", dict(type=int, help="KV budget in bytes (default 1 GiB on CPU)")),
+    ("--gpu-memory-utilization", "gpu_memory_utilization",
+     dict(type=float, help="share of the GPU's total memory for weights + activations + KV (default 0.9, as vLLM)")),
     ("--max-model-len", "max_model_len", dict(type=int, help="longest prompt + output (default: the model's)")),
     ("--enable-prefix-caching", "enable_prefix_caching", dict(action=argparse.BooleanOptionalAction,
                                                               help="reuse KV blocks of shared prompt prefixes (default on)")),

@@ -100,3 +100,16 @@ def test_close_frees_the_pool_and_refuses_new_work():
     assert pool() is None and eng.closed
     with pytest.raises(RuntimeError, match="closed"):
         eng.add_request([1, 2])
+
+
+def test_serve_cli_and_lab_server_take_a_gpu_memory_share():
+    import argparse
+
+    from lab_utils.engine.cli import add_engine_args, engine_config_from_args
+    from lab_utils.server.process import LabServer
+
+    p = argparse.ArgumentParser()
+    add_engine_args(p)
+    assert engine_config_from_args(p.parse_args(["--gpu-memory-utilization", "0.4"])).gpu_memory_utilization == 0.4
+    srv = LabServer("tiny-random", port=1234, gpu_memory_utilization=0.4)
+    assert srv.cmd[srv.cmd.index("--gpu-memory-utilization") + 1] == "0.4"
