@@ -29,6 +29,8 @@ def serve(args: argparse.Namespace) -> int:
     from lab_utils.server.app import create_app
 
     engine = LLMEngine(args.model, engine_config_from_args(args), device=args.device, dtype=torch_dtype(args.dtype))
+    if engine.device.type == "cuda":  # as vLLM at start-up: compile and capture before the first request
+        engine.warmup()
     app = create_app(engine, args.served_model_name or args.model, args.max_tokens_cap, args.api_key,
                      max_waiting=args.max_waiting or None, max_body_bytes=args.max_body_bytes)
     print(f"serving {args.model} on http://{args.host}:{args.port}/v1", flush=True)
