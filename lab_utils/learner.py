@@ -161,11 +161,15 @@ def engine_config(lab: str, **overrides) -> EngineConfig:
     return EngineConfig(**{**_ENGINE_AS_OF[key], **overrides})
 
 
-def show_reference(name: str) -> None:
-    """Show the engine's own version of a part (the code you just rebuilt), as rendered source."""
+def show_reference(name: str, reveal_only_after_yours: bool = True) -> None:
+    """Show the engine's own version of a part (the code you just rebuilt), as rendered source: only once your
+    version has passed its check and been saved, so it never gives the exercise away."""
     from lab_utils.paths import REPO_ROOT
 
     part = PARTS[name]
+    if reveal_only_after_yours and load_part(name) is None:
+        print(f"The engine's own {part.attr} is shown here once yours has passed its check (it is not saved yet).")
+        return
     obj = part.reference()
     src = textwrap.dedent(inspect.getsource(obj))
     file = Path(inspect.getsourcefile(obj)).resolve().relative_to(REPO_ROOT)

@@ -208,3 +208,12 @@ def test_engine_config_grows_with_the_labs():
     assert (c3.scheduler, c3.enable_chunked_prefill, c3.enable_prefix_caching) == ("token_budget", True, False)
     assert c4.enable_prefix_caching and learner.engine_config("07").enable_prefix_caching
     assert learner.engine_config("01", max_num_seqs=3).max_num_seqs == 3
+
+
+def test_the_engines_version_is_shown_only_after_the_learners_passed(capsys):
+    learner.show_reference("block_manager.grow")
+    assert "once yours has passed its check" in capsys.readouterr().out
+    learner.submit("block_manager.grow", reference("block_manager.grow"))
+    learner.show_reference("block_manager.grow")
+    shown = capsys.readouterr().out
+    assert "The engine's own `grow`" in shown and "take_block()" in shown
