@@ -113,7 +113,8 @@ def check_signature(name: str, fn: Callable) -> None:
                   if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
     except (TypeError, ValueError):
         return
-    if len(params) != n_want:
+    required = [p for p in params if p.default is p.empty]
+    if not len(required) <= n_want <= len(params):  # extra parameters with defaults are fine
         raise TypeError(f"your {name} takes {len(params)} parameter(s) ({', '.join(p.name for p in params)}) but "
                         f"the engine calls it as {PARTS[name].attr}{PARTS[name].signature}")
 
