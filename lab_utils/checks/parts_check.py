@@ -142,6 +142,13 @@ def _call(name: str, fn: Callable, sched: Scheduler, rng: random.Random):
         waiting = list(sched.waiting) or [Request("q", None, [rng.randrange(100) for _ in range(20)],
                                                   SamplingParams(), 0.0)]
         return bound(waiting[rng.randrange(len(waiting))])
+    if part.attr == "commit_full_blocks":
+        if not live:
+            return None
+        req = live[rng.randrange(len(live))]
+        if req.num_computed_tokens < req.num_tokens and rng.random() < 0.5:
+            req.num_computed_tokens += 1  # a token just computed: its block may have become full
+        return bound(req)
     if part.attr == "hash_block":
         parent = rng.choice([None, rng.randrange(1 << 30)])
         return bound(parent, tuple(rng.randrange(100) for _ in range(sched.bm.block_size)))
@@ -171,6 +178,9 @@ def _diagnose(name: str, ref_out, you_out, ref: dict, you: dict) -> str:
         return "the victim is the newest running request (self.running[-1]), preempted with self.preempt"
     if name.endswith("evict"):
         return "evict the least recently used cached block (the front of self.evictable) and forget its hash"
+    if name.endswith("commit_full_blocks"):
+        return ("name only full blocks whose tokens are computed (num_computed_tokens // block_size), with the "
+                "chained hash (self.hash_block(parent, ids)); never rename a block that already has a name")
     if name.endswith("match_prefix"):
         return "walk the prompt's full blocks in order, chaining hashes, stop at the first miss, leave >= 1 token"
     return ""

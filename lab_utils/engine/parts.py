@@ -78,6 +78,8 @@ PARTS: dict[str, Part] = {p.name: p for p in [
          "vLLM V1's step: running requests first (decode or next chunk), then new prompts, within the budget"),
     Part("block_manager.hash_block", "04", "(self, parent_hash, token_ids) -> int",
          "a full block's name: a hash of its parent block's hash and its own token ids (a chain)"),
+    Part("block_manager.commit_full_blocks", "04", "(self, req) -> None",
+         "name each of req's blocks that just became full (chained hash), so later prompts can find it"),
     Part("block_manager.match_prefix", "04", "(self, req) -> list[int]",
          "the cached blocks holding the prompt's leading full blocks (at least one prompt token left to compute)"),
     Part("block_manager.recycle", "04", "(self, block_id) -> None",
@@ -97,6 +99,15 @@ PARTS.update({p.name: p for p in [
     Part("tensor_parallel.row_parallel", "09", "(x, weight, all_reduce) -> Tensor",
          "a row-parallel linear: this rank's partial product, summed over the ranks by the all-reduce",
          ref="lab_utils.parallel.tensor_parallel:row_parallel"),
+    Part("disagg.export_kv", "10", "(cache, block_table, num_tokens, block_size) -> dict",
+         "prefill side: every cache tensor's entries of the first num_tokens tokens, gathered in token order",
+         ref="lab_utils.disagg.workers:export_kv"),
+    Part("disagg.import_kv", "10", "(cache, block_table, kv, block_size) -> None",
+         "decode side: received KV scattered into the request's newly allocated blocks",
+         ref="lab_utils.disagg.workers:import_kv"),
+    Part("disagg.resume_prefilled", "10", "(req, first_token, kv) -> None",
+         "decode side: a fresh request becomes the prefilled one (first token, prompt computed, swapped-in KV)",
+         ref="lab_utils.disagg.workers:resume_prefilled"),
 ]})
 
 
