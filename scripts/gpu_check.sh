@@ -6,7 +6,8 @@
 #               SmolLM2-135M and Llama-3.2-1B shapes
 #   bandwidth   decode step at batch 1 vs the bandwidth bound (goal: >= 60 % for the 1B shape with graphs)
 #   throughput  output tokens/s at batch 64-256, with and without CUDA graphs
-#   labs        the labs in SMOKE mode (only where papermill and SmolLM2's GGUF are present; else skipped)
+#   labs        the labs in SMOKE mode: all of them where papermill and SmolLM2's GGUF are present; else lab 00
+#               with random weights of SmolLM2's shape, run by scripts/run_notebook.py (no Jupyter needed)
 # Each stage runs in its own process under its own timeout and writes ${OUT:-out/gpu}/<stage>.json when it
 # ends; a table follows; the exit code is non-zero if any stage failed or timed out.
 #
@@ -22,6 +23,12 @@ if [ -z "${PY:-}" ]; then
   if [ -x .venv/bin/python ]; then PY=.venv/bin/python; else PY=python3; fi
 fi
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
+# pure-Python packages the lent machine lacks travel as wheels (plotly and narwhals for the labs stage):
+#   pip download --no-deps --python-version 3.12 --only-binary=:all: plotly narwhals -d wheels/
+WHEELS=${GPU_CHECK_WHEELS:-wheels}
+if [ -d "$WHEELS" ] && ls "$WHEELS"/*.whl >/dev/null 2>&1; then
+  $PY -m pip install -q --no-index --no-deps "$WHEELS"/*.whl || echo "warning: could not install $WHEELS/*.whl" >&2
+fi
 mkdir -p "$OUT_DIR"
 rm -f "$OUT_DIR"/{env,unit,hf_match,bandwidth,throughput,labs}.json
 
