@@ -80,32 +80,37 @@ class AsyncEngine:
         return len(self.engine.scheduler.waiting) + len(self._probation)
 
     def _loop(self) -> None:
-        while not self._stop and self.error is None:
-            outputs: list[RequestOutput] = []
-            with self._lock:
-                self._admit_probe()
-                busy = self.engine.has_unfinished()
-                if busy:
-                    pending = list(self.engine._pending_outputs)  # step() takes these first; keep them on failure
-                    try:
-                        outputs = self.engine.step()
-                        self._consecutive_failures = 0
-                    except Exception as exc:  # noqa: BLE001 - any failure is isolated, then reported
-                        outputs = pending + self._isolate(exc)
-                    except BaseException as exc:
-                        self._die(exc)
-            for out in outputs:
-                self._deliver(out)
-            if self.error is not None:
-                for stream in list(self._streams.values()):
-                    try:
-                        stream.loop.call_soon_threadsafe(stream.queue.put_nowait, self.error)
-                    except RuntimeError:
-                        pass
-                self._streams.clear()
-            if not busy:
-                self._wake.wait(0.05)
-                self._wake.clear()
+        try:
+            while not self._stop and self.error is None:
+                self._iteration()
+        except BaseException as exc:  # a bug in this loop itself: say so to every client rather than hang them
+            log.exception("engine loop failed")
+            self.error = exc
+        if self.error is not None:
+            for stream in list(self._streams.values()):
+                try:
+                    stream.loop.call_soon_threadsafe(stream.queue.put_nowait, self.error)
+                except RuntimeError:  # that client's event loop is closed
+                    pass
+            self._streams.clear()
+
+    def _iteration(self) -> None:
+        outputs: list[RequestOutput] = []
+        with self._lock:
+            self._admit_probe()
+            busy = self.engine.has_unfinished()
+            if busy:
+                pending = list(self.engine._pending_outputs)  # step() takes these first; keep them on failure
+                try:
+                    outputs = self.engine.step()
+                    self._consecutive_failures = 0
+                except Exception as exc:  # noqa: BLE001 - any failure is isolated, then reported
+                    outputs = pending + self._isolate(exc)
+        for out in outputs:
+            self._deliver(out)
+        if not busy:
+            self._wake.wait(0.05)
+            self._wake.clear()
 
     def _deliver(self, out: RequestOutput) -> None:
         if self._probe is not None and out.request_id == self._probe.request_id and (out.new_token_ids or out.finished):
@@ -113,7 +118,10 @@ class AsyncEngine:
         if out.finished:
             self._strikes.pop(out.request_id, None)
         if self.on_output is not None:
-            self.on_output(out)
+            try:
+                self.on_output(out)
+            except Exception:  # noqa: BLE001 - metrics must never stop the engine
+                log.exception("on_output callback failed")
         stream = self._streams.get(out.request_id)
         if stream is not None:
             if out.finished:

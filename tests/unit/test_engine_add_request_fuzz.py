@@ -39,7 +39,7 @@ fields = st.fixed_dictionaries({}, optional={
 })
 
 
-@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(prompt=prompt, kw=fields, batch=st.integers(1, 3))
 def test_add_request_says_no_or_finishes(engine, prompt, kw, batch):
     try:
