@@ -1,4 +1,9 @@
-"""Checks for lab 05's exercises: encode a float to FP8 E4M3 by hand; per-channel symmetric INT8 and back.
+"""Checks for lab 05's exercises: encode a float to FP8 E4M3 by hand; per-channel symmetric INT8 and back;
+per-group INT4 and back; the FP8 KV cache's write (values -> E4M3 bytes) and read (bytes -> values).
+
+The quantizers and the FP8 codec are engine parts (`lab_utils.engine.parts`): once a check passes, the lab
+submits them, and `check_quant_in_engine` runs the real engine with them (INT8 and INT4 linears built by the
+learner's quantizers, an FP8 KV cache written and read by the learner's codec) against the engine's own.
 
 Each check runs the learner's function on fresh random inputs (plus the edge cases that matter: ties,
 subnormals, overflow, signed zero), compares with `lab_utils.quant.formats`, and on a mismatch raises
@@ -161,6 +166,237 @@ def check_int8_per_channel(quantize_fn: Callable, dequantize_fn: Callable, seed:
             raise AssertionError("round trip error exceeds scale/2 somewhere")
     print("check_int8_per_channel passed: scales, int8 values and the round trip match on 3 random weights; "
           "every |w - w_hat| <= scale/2")
+    from lab_utils import learner
+
+    learner.submit("quant.quantize_per_channel_int8", quantize_fn)
+
+
+# --- exercise 3: per-group symmetric INT4 and back ---------------------------------------------------------------
+def _int4_case(gen: torch.Generator) -> tuple[torch.Tensor, int]:
+    g = [8, 16, 32, 64][int(torch.randint(0, 4, (), generator=gen))]
+    out_f, n_groups = int(torch.randint(3, 12, (), generator=gen)), int(torch.randint(1, 5, (), generator=gen))
+    w = torch.randn(out_f, n_groups * g, generator=gen) * torch.exp(torch.randn(out_f, n_groups * g // g, generator=gen)
+                                                                    ).repeat_interleave(g, dim=1) * 0.05
+    w[0, :g] = 0.0  # an all-zero group: its scale must stay positive
+    w[1, -1] = -(w[1].abs().max() + 0.01)  # a group whose largest |w| is negative
+    return w, g
+
+
+def check_int4_per_group(quantize_fn: Callable, dequantize_fn: Callable, seed: int | None = None,
+                         cases: int = 12) -> None:
+    """`quantize_fn(w [out, in], group_size) -> (q int8 [out, in] in -7..7, scale float16 [out, in / group_size])`:
+    one scale per `group_size` consecutive inputs of a row, max|group| / 7 rounded *up* to an fp16 value, q computed
+    with that stored scale; `dequantize_fn(q, scale, group_size) -> w_hat` in scale's dtype."""
+    from lab_utils.quant.linear import dequantize_int4, quantize_per_group_int4
+
+    gen = torch.Generator().manual_seed(seed if seed is not None else int(torch.randint(0, 2**31, ()).item()))
+    for c in range(cases):
+        w, gs = _int4_case(gen)
+        n_groups = w.shape[1] // gs
+        q_ref, s_ref = quantize_per_group_int4(w, gs)
+        out = quantize_fn(w.clone(), gs)
+        where = f"case {c}: w {tuple(w.shape)}, group_size={gs}"
+        if not (isinstance(out, tuple) and len(out) == 2 and all(isinstance(t, torch.Tensor) for t in out)):
+            raise AssertionError(f"{where}: quantize_fn should return a tuple of two tensors (q, scale)")
+        q, scale = out
+        if q.shape != w.shape or q.dtype != torch.int8:
+            raise AssertionError(f"{where}: q is {q.dtype} {tuple(q.shape)}; expected torch.int8 {tuple(w.shape)} "
+                                 f"(one integer per weight; the engine packs two per byte)")
+        if tuple(scale.shape) != (w.shape[0], n_groups):
+            what = ("one scale per row (per-channel)" if scale.numel() == w.shape[0] else
+                    f"{scale.numel()} scales" if scale.numel() != w.shape[0] * n_groups else "another shape")
+            raise AssertionError(f"{where}: scale has shape {tuple(scale.shape)} ({what}); per-group means one scale "
+                                 f"per {gs} consecutive inputs of each row: shape [out, in // group_size] = "
+                                 f"{(w.shape[0], n_groups)}")
+        if scale.dtype != torch.float16:
+            raise AssertionError(f"{where}: scale is {scale.dtype}; the layer stores its scales in fp16 (2 bytes per "
+                                 f"group): return them as torch.float16, rounded up from max|group| / 7")
+        sf, rf = scale.float(), s_ref.float()
+        if not torch.isfinite(sf).all() or (sf <= 0).any():
+            r, g = (int(i) for i in (~torch.isfinite(sf) | (sf <= 0)).nonzero()[0])
+            raise AssertionError(f"{where}: scale[{r}, {g}] = {sf[r, g].item()}; an all-zero group still needs a "
+                                 f"positive, finite scale (any will do: 1.0)")
+        bad = sf != rf
+        if bad.any():
+            r, g = (int(i) for i in bad.nonzero()[0])
+            amax = float(w[r, g * gs:(g + 1) * gs].abs().max())
+            exact = amax / 7
+            if abs(sf[r, g].item() - torch.tensor(exact).half().item()) == 0 and rf[r, g] > sf[r, g]:
+                hint = ("you rounded max|group| / 7 to the *nearest* fp16 value, here below it: the group's largest "
+                        "weight would need 7.00x; round the scale up (torch.nextafter towards inf when .half() "
+                        "came out smaller)")
+            elif abs(sf[r, g].item() * 8 / 7 - rf[r, g].item()) / rf[r, g].item() < 2e-3 or \
+                    abs(sf[r, g].item() * 15 / 7 - rf[r, g].item()) / rf[r, g].item() < 2e-3:
+                hint = "symmetric INT4 uses -7..7: divide max|group| by 7 (not 8 or 15)"
+            elif abs(sf[r, g].item() - float(w[r].abs().max()) / 7) / rf[r, g].item() < 2e-3:
+                hint = "that is the row's largest |w|: each group of group_size inputs gets its own scale"
+            else:
+                hint = ("a group is group_size consecutive inputs of one row: w.reshape(out, in // group_size, "
+                        "group_size), largest |value| over the last dim")
+            raise AssertionError(f"{where}: scale[{r}, {g}] = {sf[r, g].item():.8g}, expected {rf[r, g].item():.8g} "
+                                 f"(max|group| / 7 = {exact:.8g})\n   hint: {hint}")
+        if int(q.min()) < -7 or int(q.max()) > 7:
+            raise AssertionError(f"{where}: q holds {int(q.min())}..{int(q.max())}; symmetric INT4 uses -7..7")
+        wrong = q != q_ref
+        if wrong.any():
+            r, col = (int(i) for i in wrong.nonzero()[0])
+            x = (w[r, col] / rf[r, col // gs]).item()
+            x32 = (w[r, col] / (w[r, col // gs * gs:(col // gs + 1) * gs].abs().max() / 7)).item()
+            hint = ("round to nearest, not toward zero" if int(q[r, col]) == math.trunc(x) else
+                    "compute q with the scale you store (the fp16 one): q = round(w / stored scale), so that "
+                    "q x stored scale is what the layer will compute" if int(q[r, col]) == round(x32) else "")
+            raise AssertionError(f"{where}: q[{r}, {col}] = {int(q[r, col])}, but w / stored scale = {x:.4f} rounds "
+                                 f"to {int(q_ref[r, col])}" + (f"\n   hint: {hint}" if hint else ""))
+        for dtype in (torch.float32, torch.bfloat16):
+            s_in = s_ref.to(dtype)
+            w_hat = dequantize_fn(q_ref.clone(), s_in.clone(), gs)
+            expected = dequantize_int4(q_ref, s_in, gs)
+            if not isinstance(w_hat, torch.Tensor) or w_hat.shape != w.shape:
+                raise AssertionError(f"{where}: dequantize_fn should return a tensor of shape {tuple(w.shape)}, got "
+                                     f"{tuple(w_hat.shape) if isinstance(w_hat, torch.Tensor) else type(w_hat).__name__}")
+            diff = w_hat.to(dtype).float() != expected.float()
+            if diff.any():
+                r, col = (int(i) for i in diff.nonzero()[0])
+                hint = ("input column j belongs to group j // group_size: reshape q to [out, in // group_size, "
+                        "group_size] and multiply by scale.unsqueeze(-1)")
+                raise AssertionError(f"{where}, scale in {dtype}: w_hat[{r}, {col}] = {w_hat[r, col].item():.6g}, "
+                                     f"expected {expected[r, col].item():.6g} (q = {int(q_ref[r, col])}, scale of its "
+                                     f"group = {s_in[r, col // gs].item():.6g})\n   hint: {hint}")
+    print(f"check_int4_per_group passed: {cases} random weights (group sizes 8-64, an all-zero group), scales "
+          "bit-exact in fp16, integers and the round trip equal to the engine's")
+    from lab_utils import learner
+
+    learner.submit("quant.quantize_per_group_int4", quantize_fn)
+    learner.submit("quant.dequantize_int4", dequantize_fn)
+
+
+# --- exercise 4: the FP8 KV cache's write and read ----------------------------------------------------------------
+def _kv_values(gen: torch.Generator) -> torch.Tensor:
+    x = torch.exp2(torch.empty(3, 4, 16).uniform_(-12, 9.5, generator=gen))  # every binade, subnormals, overflow
+    x = torch.where(torch.rand(x.shape, generator=gen) < 0.5, -x, x)
+    mids = E4M3.all_values().float()
+    mids = mids[mids < E4M3.max_value]
+    i = torch.randint(0, mids.numel() - 1, (16,), generator=gen)
+    x[0, 0] = (mids[i] + mids[i + 1]) / 2  # exact ties
+    x[0, 1, :4] = torch.tensor([0.0, -0.0, 1000.0, -1e6])
+    return x
+
+
+def check_fp8_kv(encode_fn: Callable, decode_fn: Callable, seed: int | None = None) -> None:
+    """`encode_fn(x) -> uint8` (FP8 E4M3 bit patterns of x, saturating at ±448), `decode_fn(bits, dtype) -> values`
+    in `dtype`: the KV cache's write and read when `kv_cache_dtype="fp8"`."""
+    from lab_utils.engine.kv_cache import fp8_decode, fp8_encode
+
+    gen = torch.Generator().manual_seed(seed if seed is not None else int(torch.randint(0, 2**31, ()).item()))
+    for trial in range(3):
+        x = _kv_values(gen)
+        want = fp8_encode(x)
+        got = encode_fn(x.clone())
+        if not isinstance(got, torch.Tensor) or got.shape != x.shape:
+            raise AssertionError(f"encode should return a tensor of shape {tuple(x.shape)} (one byte per value), got "
+                                 f"{tuple(got.shape) if isinstance(got, torch.Tensor) else type(got).__name__}")
+        if got.dtype != torch.uint8:
+            hint = (" (float8_e4m3fn values: reinterpret their bits with .view(torch.uint8); the cache stores bytes)"
+                    if got.dtype == torch.float8_e4m3fn else "")
+            raise AssertionError(f"encode returned {got.dtype}; return the bit patterns as torch.uint8{hint}")
+        bad = got != want
+        if bad.any():
+            idx = tuple(int(i) for i in bad.nonzero()[0])
+            v = float(x[idx])
+            hint = ""
+            as_ints = want.view(torch.float8_e4m3fn).to(torch.uint8)  # the values converted, not their bits
+            if int(got[idx]) == int(as_ints[idx]):
+                hint = ("you converted the values to integers; the byte must hold the value's bit pattern: "
+                        ".view(torch.uint8) reinterprets, .to(torch.uint8) converts")
+            elif abs(v) > 448:
+                hint = "beyond ±448: saturate (clamp) first; E4M3 has no infinity"
+            raise AssertionError(f"encode({v!r}) gave byte 0x{int(got[idx]):02X}, expected {_describe(int(want[idx]))}"
+                                 + (f"\n   hint: {hint}" if hint else ""))
+    bits = torch.tensor([b for b in range(256) if b not in (0x7F, 0xFF)], dtype=torch.uint8).reshape(2, 127)
+    for dtype in (torch.float32, torch.bfloat16):
+        want = fp8_decode(bits, dtype)
+        got = decode_fn(bits.clone(), dtype)
+        if not isinstance(got, torch.Tensor) or got.shape != bits.shape:
+            raise AssertionError(f"decode should return a tensor of shape {tuple(bits.shape)}, got "
+                                 f"{tuple(got.shape) if isinstance(got, torch.Tensor) else type(got).__name__}")
+        if got.dtype != dtype:
+            raise AssertionError(f"decode(bits, {dtype}) returned {got.dtype}; return values in the dtype asked for "
+                                 f"(the model's compute dtype)")
+        bad = ~((got == want) | (torch.isnan(got) & torch.isnan(want)))
+        if bad.any():
+            r, c = (int(i) for i in bad.nonzero()[0])
+            b = int(bits[r, c])
+            s_, e_, m_ = E4M3.fields(b)
+            if torch.equal(got.float(), bits.float()):
+                hint = ("those are the byte values 0..255: decode the bit pattern (sign, 4 exponent bits, 3 mantissa "
+                        "bits), e.g. bits.view(torch.float8_e4m3fn).to(dtype), or by hand")
+            elif s_ and float(got[r, c]) == -float(want[r, c]):
+                hint = "bit 7 is the sign"
+            elif e_ == 0:
+                hint = "exponent field 0 is subnormal: no implicit leading 1, value = mantissa x 2^-9"
+            else:
+                hint = "normal values are (1 + mantissa / 8) x 2^(exponent - 7)"
+            raise AssertionError(f"decode(0x{b:02X}) = {float(got[r, c])!r}, expected {_describe(b)}\n   hint: {hint}")
+    print("check_fp8_kv passed: 3 random K/V tensors (ties, subnormals, overflow, signs) encode to the same bytes; "
+          "all 254 finite E4M3 patterns decode exactly (fp32 and bf16)")
+    from lab_utils import learner
+
+    learner.submit("kv_cache.fp8_encode", encode_fn)
+    learner.submit("kv_cache.fp8_decode", decode_fn)
+
+
+QUANT_PARTS = ("quant.quantize_per_channel_int8", "quant.quantize_per_group_int4", "quant.dequantize_int4",
+               "kv_cache.fp8_encode", "kv_cache.fp8_decode")
+
+
+def check_quant_in_engine(parts, num_requests: int = 8, seed: int = 0) -> dict:
+    """The real engine on the tiny random model, with the engine's own quantizers and FP8 codec and with `parts`:
+    INT8 weights, INT4 weights (group 64), and an FP8 KV cache, each on the same greedy workload. Same tokens,
+    every block back. Returns a summary. The model's linear weights are scaled up 10x: otherwise a 2-layer random
+    model's next token is decided by its (tied) embedding alone, and even INT4 weights would not change a token."""
+    import random
+
+    from lab_utils.engine.config import EngineConfig
+    from lab_utils.engine.engine import LLMEngine
+    from lab_utils.engine.parts import EngineParts, LearnerPartError
+    from lab_utils.engine.sampling_params import SamplingParams
+    from lab_utils.models.loader import build_random
+    from lab_utils.models.registry import REGISTRY
+
+    rng = random.Random(seed)
+    model = build_random(REGISTRY["tiny-random"].config, seed=0).eval()
+    with torch.no_grad():
+        for name, m in model.named_modules():
+            if isinstance(m, torch.nn.Linear) and "lm_head" not in name:
+                m.weight.mul_(10.0)
+    vocab = model.config.vocab_size
+    prompts = [[rng.randrange(vocab) for _ in range(rng.randint(2, 24))] for _ in range(num_requests)]
+    params = [SamplingParams(max_tokens=rng.randint(6, 12), ignore_eos=True) for _ in range(num_requests)]
+    setups = {"INT8 weights": dict(quantization="int8"), "INT4 weights (group 64)": dict(quantization="int4"),
+              "FP8 KV cache": dict(kv_cache_dtype="fp8")}
+    summary = {}
+    for label, cfg in setups.items():
+        tokens = {}
+        for who, p in (("reference", EngineParts()), ("yours", parts)):
+            try:
+                engine = LLMEngine((model, None), EngineConfig(num_gpu_blocks=48, block_size=4, max_num_seqs=4,
+                                                               max_num_batched_tokens=32, **cfg), device="cpu", parts=p)
+                outs = engine.generate(prompts, params)
+            except LearnerPartError as err:
+                raise AssertionError(f"the engine with {label} and your parts stopped: {err}") from None
+            except ValueError as err:
+                raise AssertionError(f"the engine with {label} could not use your parts: {err}") from None
+            engine.block_manager.check_all_free()
+            tokens[who] = [o.token_ids for o in outs]
+        bad = [i for i, (a, b) in enumerate(zip(tokens["reference"], tokens["yours"])) if a != b]
+        assert not bad, (f"with {label} the engine running your parts generated other tokens than with its own for "
+                         f"{len(bad)} of {num_requests} requests (first: request {bad[0]}: {tokens['yours'][bad[0]][:6]}"
+                         f"... vs {tokens['reference'][bad[0]][:6]}...)")
+        summary[label] = sum(len(t) for t in tokens["yours"])
+    used = [n for n in QUANT_PARTS if parts.is_learners(n)]
+    print(f"the real engine (tiny model) ran your parts ({', '.join(used) or 'none: reference only'}): "
+          + ", ".join(f"{k}: {v} tokens" for k, v in summary.items()) + ", each equal to the engine's own, 0 blocks leaked")
+    return {"tokens": summary, "yours": used}
 
 
 # --- the lab's closing claims --------------------------------------------------------------------------------

@@ -6,8 +6,21 @@ import math
 import pytest
 import torch
 
+from lab_utils import learner
 from lab_utils.checks import lab05
+from lab_utils.engine.kv_cache import fp8_decode, fp8_encode
+from lab_utils.engine.parts import EngineParts
 from lab_utils.quant.formats import FP8_E4M3
+from lab_utils.quant.linear import dequantize_int4, quantize_per_channel_int8, quantize_per_group_int4
+
+
+@pytest.fixture(autouse=True)
+def learner_dir(tmp_path, monkeypatch):
+    """Checks that pass submit the part: keep the saved files out of the repository."""
+    monkeypatch.setenv("LAB_LEARNER_DIR", str(tmp_path / "my_engine"))
+    learner.forget()
+    yield
+    learner.forget()
 
 
 # --- encode E4M3 -------------------------------------------------------------------------------------------------
@@ -87,8 +100,8 @@ def good_dequant(q, scale):
 
 
 def test_int8_checker_accepts_correct(capsys):
-    lab05.check_int8_per_channel(good_quant, good_dequant, seed=0)
-    lab05.check_int8_per_channel(good_quant, good_dequant)
+    lab05.check_int8_per_channel(lambda w: good_quant(w), good_dequant, seed=0)
+    lab05.check_int8_per_channel(quantize_per_channel_int8, good_dequant)
     assert "check_int8_per_channel passed" in capsys.readouterr().out
 
 
@@ -109,3 +122,102 @@ def test_int8_checker_accepts_correct(capsys):
 def test_int8_checker_names_each_mistake(quant, dequant, message):
     with pytest.raises(AssertionError, match=message):
         lab05.check_int8_per_channel(quant, dequant, seed=3)
+
+
+# --- per-group INT4 ------------------------------------------------------------------------------------------------
+def int4(w, gs, div=7, rounding="up", scale_for_q="stored", per="group", rnd=torch.round, zero_guard=True):
+    g = w.float().reshape(w.shape[0], -1, gs)
+    amax = g.abs().amax(-1, keepdim=True) if per == "group" else w.abs().amax(1, keepdim=True)[:, :, None].expand(
+        -1, g.shape[1], 1)
+    s32 = torch.where(amax > 0, amax / div, torch.ones_like(amax)) if zero_guard else amax / div
+    s16 = s32.half()
+    if rounding == "up":
+        s16 = torch.where(s16.float() < s32, torch.nextafter(s16, torch.full_like(s16, math.inf)), s16)
+    s_q = s16.float() if scale_for_q == "stored" else s32
+    q = torch.clamp(rnd(g / s_q), -7, 7).nan_to_num().to(torch.int8)
+    return q.reshape(w.shape), s16.squeeze(-1)
+
+
+def dequant4(q, s, gs):  # an independent solution: each column's own scale
+    return q.to(s.dtype) * s.repeat_interleave(gs, dim=1)
+
+
+def test_int4_checker_accepts_correct(capsys):
+    lab05.check_int4_per_group(int4, dequant4, seed=0)
+    lab05.check_int4_per_group(quantize_per_group_int4, dequantize_int4)
+    assert "check_int4_per_group passed" in capsys.readouterr().out
+    assert learner.load_part("quant.dequantize_int4") is dequantize_int4
+
+
+@pytest.mark.parametrize("quant, dequant, message", [
+    (lambda w, gs: int4(w, gs, rounding="nearest"), dequant4, "round the scale up"),
+    (lambda w, gs: int4(w, gs, scale_for_q="fp32"), dequant4, "the scale you store"),
+    (lambda w, gs: int4(w, gs, div=8), dequant4, "divide max\\|group\\| by 7"),
+    (lambda w, gs: int4(w, gs, per="row"), dequant4, "row's largest"),
+    (lambda w, gs: int4(w, gs, rnd=torch.trunc), dequant4, "round to nearest"),
+    (lambda w, gs: int4(w, gs, zero_guard=False), dequant4, "all-zero group"),
+    (lambda w, gs: (int4(w, gs)[0], int4(w, gs)[1].float()), dequant4, "fp16"),
+    (lambda w, gs: (int4(w, gs)[0], int4(w, gs)[1][:, :1]), dequant4, "per-group means"),
+    (lambda w, gs: (int4(w, gs)[0].float(), int4(w, gs)[1]), dequant4, "torch.int8"),
+    (int4, lambda q, s, gs: q.to(s.dtype) * s.repeat(1, gs), "group j // group_size"),
+    (int4, lambda q, s, gs: q.to(s.dtype), "w_hat"),
+])
+def test_int4_checker_names_each_mistake(quant, dequant, message):
+    with pytest.raises(AssertionError, match=message):
+        lab05.check_int4_per_group(quant, dequant, seed=4)
+
+
+# --- the FP8 KV codec ----------------------------------------------------------------------------------------------
+def decode_by_hand(bits, dtype, subnormals=True, sign=True):
+    b = bits.to(torch.int32)
+    s, e, m = b >> 7, (b >> 3) & 0xF, (b & 7).float()
+    normal = (8 + m) * torch.exp2(e.float() - 10)
+    v = torch.where(e == 0, m * 2.0 ** -9, normal) if subnormals else normal
+    return torch.where((s == 1) & sign, -v, v).to(dtype)
+
+
+def test_fp8_checker_accepts_correct(capsys):
+    lab05.check_fp8_kv(fp8_encode, decode_by_hand, seed=0)
+    lab05.check_fp8_kv(lambda x: x.to(torch.float8_e4m3fn).view(torch.uint8), fp8_decode)  # torch saturates
+    assert "check_fp8_kv passed" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("enc, dec, message", [
+    (lambda x: x.clamp(-448, 448).to(torch.float8_e4m3fn), fp8_decode, "view\\(torch.uint8\\)"),
+    (lambda x: x.clamp(-448, 448).to(torch.float8_e4m3fn).to(torch.uint8), fp8_decode, "converted the values"),
+    (lambda x: fp8_encode(x)[..., :-1], fp8_decode, "one byte per value"),
+    (fp8_encode, lambda b, d: b.to(d), "byte values 0..255"),
+    (fp8_encode, lambda b, d: decode_by_hand(b, d, subnormals=False), "subnormal"),
+    (fp8_encode, lambda b, d: decode_by_hand(b, d, sign=False), "sign"),
+    (fp8_encode, lambda b, d: decode_by_hand(b, torch.float32), "dtype asked for"),
+])
+def test_fp8_checker_names_each_mistake(enc, dec, message):
+    with pytest.raises(AssertionError, match=message):
+        lab05.check_fp8_kv(enc, dec, seed=5)
+
+
+# --- the real engine with the learner's quantizers and codec ------------------------------------------------------
+REFERENCE_PARTS = {"quant.quantize_per_channel_int8": quantize_per_channel_int8,
+                   "quant.quantize_per_group_int4": quantize_per_group_int4, "quant.dequantize_int4": dequant4,
+                   "kv_cache.fp8_encode": fp8_encode, "kv_cache.fp8_decode": decode_by_hand}
+
+
+def test_quant_in_engine_accepts_correct_parts():
+    summary = lab05.check_quant_in_engine(EngineParts(REFERENCE_PARTS), num_requests=4)
+    assert set(summary["yours"]) == set(REFERENCE_PARTS) and all(n > 0 for n in summary["tokens"].values())
+
+
+@pytest.mark.parametrize("name, wrong", [
+    ("kv_cache.fp8_decode", lambda b, d: decode_by_hand(b, d, sign=False)),  # negative K/V read as positive
+    ("quant.quantize_per_group_int4", lambda w, gs: int4(w, gs, per="row")),          # a coarser grid
+    ("quant.quantize_per_channel_int8", lambda w: (lambda q, s: (q, s * 1.01))(*quantize_per_channel_int8(w))),
+])
+def test_quant_in_engine_catches_a_wrong_part(name, wrong):
+    with pytest.raises(AssertionError, match="other tokens"):
+        lab05.check_quant_in_engine(EngineParts({**REFERENCE_PARTS, name: wrong}), num_requests=4)
+
+
+def test_a_quantizer_of_the_wrong_shape_is_named_by_the_engine():
+    with pytest.raises(AssertionError, match="could not use your parts.*INT8 quantizer"):
+        lab05.check_quant_in_engine(EngineParts({"quant.quantize_per_channel_int8": lambda w: (
+            quantize_per_channel_int8(w)[0], quantize_per_channel_int8(w)[1].flatten()[:1])}), num_requests=2)
