@@ -21,14 +21,14 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench_common import machine  # noqa: E402
+from bench_common import machine
 
-from lab_utils.server.fault_load import run_fault_load  # noqa: E402
-from lab_utils.server.process import LabServer  # noqa: E402
+from lab_utils.server.fault_load import run_fault_load
+from lab_utils.server.process import LabServer
 
 
 def metric(text: str, name: str) -> float:
-    m = re.search(rf"^{re.escape(name)} ([0-9.e+-]+)$", text, re.M)
+    m = re.search(rf"^{re.escape(name)} ([0-9.e+-]+)$", text, re.MULTILINE)
     return float(m.group(1)) if m else float("nan")
 
 

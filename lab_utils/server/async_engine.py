@@ -120,7 +120,7 @@ class AsyncEngine:
         if self.on_output is not None:
             try:
                 self.on_output(out)
-            except Exception:  # noqa: BLE001 - metrics must never stop the engine
+            except Exception:  # metrics must never stop the engine
                 log.exception("on_output callback failed")
         stream = self._streams.get(out.request_id)
         if stream is not None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import hmac
 import json
-from typing import Callable
+from collections.abc import Callable
 
 DEFAULT_MAX_BODY_BYTES = 1 << 20  # 1 MiB: a full 8k-token prompt as ids is ~60 kB of JSON
 

@@ -14,7 +14,7 @@ is a prefix of some stop string, and stops sending at a complete one. Concatenat
 """
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 
 class IncrementalDetokenizer:

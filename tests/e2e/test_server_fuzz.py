@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 
 schemathesis = pytest.importorskip("schemathesis")
-from _server_utils import H, KEY, MODEL, tiny_engine, wait_idle  # noqa: E402
-from hypothesis import HealthCheck, settings  # noqa: E402
-from schemathesis.checks import not_a_server_error  # noqa: E402
+from _server_utils import KEY, MODEL, H, tiny_engine, wait_idle
+from hypothesis import HealthCheck, settings
+from schemathesis.checks import not_a_server_error
 
-from lab_utils.server.app import create_app  # noqa: E402
+from lab_utils.server.app import create_app
 
 MAX_EXAMPLES = 40  # per endpoint and generation mode; ~10 s in all for the tiny model on 2 cores
 

@@ -3,7 +3,7 @@ Every well-formed stream gets its tokens, every malformed request a 4xx, and no 
 from __future__ import annotations
 
 import httpx
-from _server_utils import H, KEY, MODEL, UvicornThread, tiny_engine, wait_idle
+from _server_utils import KEY, MODEL, H, UvicornThread, tiny_engine, wait_idle
 
 from lab_utils.server.app import create_app
 from lab_utils.server.fault_load import run_fault_load

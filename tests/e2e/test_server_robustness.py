@@ -8,7 +8,7 @@ import re
 
 import httpx
 import pytest
-from _server_utils import H, KEY, MODEL, UvicornThread, tiny_engine, wait_idle
+from _server_utils import KEY, MODEL, H, UvicornThread, tiny_engine, wait_idle
 
 from lab_utils.server.app import create_app
 
@@ -186,9 +186,9 @@ def test_a_failing_step_ends_only_its_own_request():
         assert all(r.json()["usage"]["completion_tokens"] == 12 for r in good)
         _ok(srv.url)
         metrics = httpx.get(srv.url + "/metrics").text
-        assert re.search(r"^lab:request_failures_total 2\.0$", metrics, re.M), metrics
+        assert re.search(r"^lab:request_failures_total 2\.0$", metrics, re.MULTILINE), metrics
         # one shared failed step, then each poisoned request failing alone: 3 failed steps, 2 failed requests
-        assert re.search(r"^lab:engine_step_failures_total 3\.0$", metrics, re.M), metrics
+        assert re.search(r"^lab:engine_step_failures_total 3\.0$", metrics, re.MULTILINE), metrics
         wait_idle(engine)
         engine.block_manager.check_all_free()
 
