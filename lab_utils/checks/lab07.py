@@ -1,8 +1,12 @@
-"""Checks for lab 07's exercises: the residual distribution, and the accept/reject step of speculative sampling.
+"""Checks for lab 07's exercises: the residual distribution, the accept/reject step of speculative sampling, and
+the rollback of a verified request (its guesses out, its rejected tokens uncounted, their blocks freed).
 
-Both are checked on fresh random distributions against `lab_utils.spec.verify`, with the uniforms given, so a
-result is either right or wrong (no sampling noise). On a mismatch the message says which input, what was
-expected and what came back, and names the rule that was missed when it can tell. It never shows the reference.
+The first two are checked on fresh random distributions against `lab_utils.spec.verify`, with the uniforms given,
+so a result is either right or wrong (no sampling noise); the rollback on random engine states against
+`lab_utils.spec.engine_hook.rollback`. On a mismatch the message says which input, what was expected and what
+came back, and names the rule that was missed when it can tell. It never shows the reference. All three are engine
+parts: once checked, the lab submits them, and `check_verify_in_engine` runs the engine's verify step with them
+(a chi-square test of its sampled output, and the real engine's greedy and seeded-sampled tokens).
 """
 from __future__ import annotations
 
@@ -52,6 +56,9 @@ def check_residual(fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], see
         raise AssertionError(f"residual(p={p.tolist()}, q={q.tolist()})\n   returned {got}\n   expected {expected}"
                              + (f"\n   hint: {hint}" if hint else ""))
     print(f"check_residual passed: {len(cases)} (p, q) pairs, including p == q")
+    from lab_utils import learner
+
+    learner.submit("spec.residual", fn)
 
 
 # --- exercise 2: accept / reject -------------------------------------------------------------------------------
@@ -98,6 +105,204 @@ def check_accept_reject(fn: Callable, seed: int | None = None, cases: int = 60) 
                 hint = f"after rejecting position {n_exp}, use the residual of p[{n_exp}] and q[{n_exp}]"
             raise AssertionError(f"case {c}: {where}\n   dist: expected {d_exp.tolist()}\n   got {d_got}\n   hint: {hint}")
     print(f"check_accept_reject passed: {cases} chains (full accepts, early and late rejections)")
+    from lab_utils import learner
+
+    learner.submit("spec.accept_reject", fn)
+
+
+# --- exercise 3: the rollback ----------------------------------------------------------------------------------
+def _verified_state(seed: int):
+    """A scheduler mid-run (lab 01-04's random states) and one running request right after a verify step: k
+    guesses appended, blocks grown for them, every row computed. None if no request can take guesses."""
+    import random
+
+    from lab_utils.checks.parts_check import random_state
+
+    sched = random_state(seed, "spec.rollback")
+    rng = random.Random(seed)
+    live = [r for r in sched.running if not r.status.done and r.num_computed_tokens == r.num_tokens - 1]
+    if not live:
+        return None
+    req = live[rng.randrange(len(live))]
+    k = rng.randint(1, 5)
+    if not sched.bm.grow(req, req.num_tokens + k):
+        return None
+    req.token_ids.extend(rng.randrange(100) for _ in range(k))
+    req.num_computed_tokens = req.num_tokens
+    return sched, req.request_id, k, rng.randint(0, k)
+
+
+def _rollback_view(sched, rid: str) -> dict:
+    from lab_utils.checks.parts_check import snapshot
+
+    req = next(r for r in sched.running if r.request_id == rid)
+    return {"req.token_ids": list(req.token_ids), **snapshot(sched)}
+
+
+def check_rollback(fn: Callable, cases: int = 150, seed: int = 0) -> None:
+    """`fn(req, block_manager, num_guesses, num_accepted)`: after a verify step, remove the guesses from
+    `req.token_ids`, lower `req.num_computed_tokens` by the rejected ones, and release the blocks past the verified
+    tokens + 1. Compared with the engine's on random engine states."""
+    import copy
+
+    from lab_utils.spec.engine_hook import rollback
+
+    done = 0
+    for c in range(cases):
+        state = _verified_state(seed * 100_000 + c)
+        if state is None:
+            continue
+        sched, rid, k, n = state
+        a, b = copy.deepcopy(sched), copy.deepcopy(sched)
+        before = _rollback_view(sched, rid)
+        rollback(next(r for r in a.running if r.request_id == rid), a.bm, k, n)
+        try:
+            fn(next(r for r in b.running if r.request_id == rid), b.bm, k, n)
+        except NotImplementedError:
+            raise
+        except Exception as err:
+            raise AssertionError(f"case {c}: your rollback raised {type(err).__name__}: {err}") from err
+        want, got = _rollback_view(a, rid), _rollback_view(b, rid)
+        if got == want:
+            done += 1
+            continue
+        key = next(x for x in want if want[x] != got[x])
+        req_b = next(r for r in b.running if r.request_id == rid)
+        hints = {
+            "req.token_ids": "take the num_guesses guesses off the end of req.token_ids (the engine appends the "
+                             "accepted ones again, with the correction or bonus token)",
+            "num_computed_tokens": "only the rejected guesses' KV is garbage: num_computed_tokens drops by "
+                                   "num_guesses - num_accepted",
+            "block_tables": "keep the blocks that cover num_computed_tokens + 1 tokens (the verified ones and the "
+                            "token this step adds), give back the rest",
+            "free blocks (free_ids)": "give each dropped block back with block_manager.release(block_id)",
+            "ref_counts": "give each dropped block back with block_manager.release(block_id): its reference count "
+                          "must drop",
+        }
+        hint = hints.get(key, "")
+        if key == "block_tables" and len(req_b.block_table) < len(before["block_tables"][rid]) and \
+                want[key][rid][:len(got[key][rid])] == got[key][rid] and len(got[key][rid]) < len(want[key][rid]):
+            hint = ("you dropped one block too many: the token this step adds (the correction or bonus) needs a slot "
+                    "too, so keep blocks_needed(num_computed_tokens + 1)")
+        raise AssertionError(f"rollback, case {c}: {k} guesses, {n} accepted; afterwards {key} is "
+                             f"{got[key]!r}; expected {want[key]!r}"
+                             + (f"\nlikely mistake: {hint}" if hint else "")
+                             + f"\nthe request before: {len(before['req.token_ids'])} tokens, "
+                               f"{before['num_computed_tokens'][rid]} computed, blocks {before['block_tables'][rid]}")
+    print(f"check_rollback passed: {done} verified requests (0..k guesses kept) rolled back as the engine does")
+    from lab_utils import learner
+
+    learner.submit("spec.rollback", fn)
+
+
+# --- the verify step in the engine ----------------------------------------------------------------------------
+P_TOY = (0.35, 0.25, 0.15, 0.12, 0.08, 0.05)
+Q_TOY = (0.05, 0.10, 0.40, 0.05, 0.30, 0.10)  # a poor draft: mass in the wrong places
+CHI2_CRIT_DF5 = 20.515  # chi-square, 5 degrees of freedom, p-value 0.001
+
+
+def verify_chi2(walk=None, draws: int = 3000, seed: int = 0) -> tuple[float, float]:
+    """Chi-square of the first and second token the engine's sampling verifier (`verify_sampling`, with `walk`
+    as its accept/reject) emits, against the target p, over seeded draws of 2 guesses from a poor draft q."""
+    from lab_utils.spec.verify import verify_sampling
+
+    p, q = torch.tensor(P_TOY, dtype=torch.float64), torch.tensor(Q_TOY, dtype=torch.float64)
+    g = torch.Generator().manual_seed(seed)
+    first, second = torch.zeros(6), torch.zeros(6)
+    for _ in range(draws):
+        guesses = torch.multinomial(q, 2, replacement=True, generator=g).tolist()
+        out = verify_sampling(p.expand(3, 6), guesses, q.expand(2, 6), g, walk)
+        first[out[0]] += 1
+        if len(out) > 1:
+            second[out[1]] += 1
+    pf = p.float()
+    return tuple(float(((c - pf * c.sum()) ** 2 / (pf * c.sum())).sum()) for c in (first, second))
+
+
+def check_verify_in_engine(parts, num_requests: int = 8, k: int = 3, seed: int = 0) -> dict:
+    """The engine's verify step with `parts` (the walk, the residual, the rollback):
+    1. its sampling verifier keeps the target's distribution: chi-square of the first and second emitted token
+       over seeded draws from a poor draft, below the 0.001 critical value;
+    2. the real engine on the tiny random model, its proposer a draft with other random weights (so guesses are
+       often rejected), greedy and seeded sampling: the same tokens as with the engine's own verify step, the same
+       number of guesses kept, every KV block back."""
+    import random
+
+    from lab_utils.engine.config import EngineConfig, SpecConfig
+    from lab_utils.engine.engine import LLMEngine
+    from lab_utils.engine.parts import EngineParts, LearnerPartError
+    from lab_utils.engine.sampling_params import SamplingParams
+    from lab_utils.models.loader import build_random
+    from lab_utils.models.registry import REGISTRY
+    from lab_utils.spec.draft import DraftModelProposer
+
+    walk = parts.function("spec.accept_reject", None)
+    if walk is None and parts.is_learners("spec.residual"):
+        from lab_utils.spec.verify import accept_reject
+
+        mine = parts.function("spec.residual", None)
+
+        def walk(p, q, d, u):
+            return accept_reject(p, q, d, u, residual=mine)
+    try:
+        c1, c2 = verify_chi2(walk)
+    except LearnerPartError as err:
+        raise AssertionError(f"the engine's sampling verifier with your parts stopped: {err}") from None
+    assert c1 < CHI2_CRIT_DF5 and c2 < CHI2_CRIT_DF5, (
+        f"with your accept/reject the engine's sampling verifier does not keep the target's distribution: "
+        f"chi-square {c1:.1f} (first token) and {c2:.1f} (second) vs the 0.001 critical value {CHI2_CRIT_DF5} "
+        f"(3000 seeded draws, a poor draft): after a rejection the token must come from the residual")
+    rng = random.Random(seed)
+    cfg = REGISTRY["tiny-random"].config
+    model, other = build_random(cfg, seed=0).eval(), build_random(cfg, seed=7).eval()
+    vocab = model.config.vocab_size
+    prompts = []
+    for _ in range(num_requests):
+        base = [rng.randrange(100, vocab) for _ in range(rng.randint(3, 8))]
+        prompts.append((base * 4)[: rng.randint(6, 24)])
+    spec = SpecConfig("draft", k, model="tiny-random")
+    results = {}
+    for mode in ("greedy", "sampling"):
+        params = [SamplingParams(max_tokens=rng.randint(6, 16), ignore_eos=True,
+                                 **({"temperature": 1.0, "seed": i} if mode == "sampling" else {}))
+                  for i in range(num_requests)]
+        for who, p in (("reference", EngineParts()), ("yours", parts)):
+            eng = LLMEngine((model, None), EngineConfig(speculative=SpecConfig("ngram", k), num_gpu_blocks=64,
+                                                        block_size=4, max_num_seqs=4, max_num_batched_tokens=32),
+                            device="cpu", parts=p)
+            eng.spec.proposer = DraftModelProposer(spec, model, "cpu", draft_model=other)
+            try:
+                outs = eng.generate(prompts, params)
+            except LearnerPartError as err:
+                raise AssertionError(f"the engine ({mode}, speculative k={k}) with your parts stopped: {err}") from None
+            try:
+                eng.block_manager.check_all_free()
+            except AssertionError as err:
+                raise AssertionError(f"with your parts KV blocks leaked after every request ended: {err}") from None
+            st = eng.stats()
+            results[(mode, who)] = ([o.token_ids for o in outs], st["spec_num_accepted"], st["spec_num_proposed"],
+                                    [s["free_blocks"] for s in eng.step_log])
+        (ref_t, ref_a, ref_n, ref_f), (you_t, you_a, you_n, you_f) = results[(mode, "reference")], results[(mode, "yours")]
+        bad = [i for i, (x, y) in enumerate(zip(ref_t, you_t)) if x != y]
+        assert not bad, (f"{mode}: with your verify step the engine generated other tokens than with its own for "
+                         f"{len(bad)} of {num_requests} requests (first: request {bad[0]}: {you_t[bad[0]][:8]}... vs "
+                         f"{ref_t[bad[0]][:8]}...)")
+        assert (you_a, you_n) == (ref_a, ref_n), (
+            f"{mode}: your verify step kept {you_a} of {you_n} guesses, the engine's own {ref_a} of {ref_n}")
+        held = next((i for i, (x, y) in enumerate(zip(ref_f, you_f)) if x != y), None)
+        assert held is None and len(ref_f) == len(you_f), (
+            f"{mode}: after step {held} the engine with your parts had {you_f[held]} free KV blocks, with its own "
+            f"{ref_f[held]}: blocks that only held rejected guesses go back to the pool at once" if held is not None
+            else f"{mode}: the engine took {len(you_f)} steps with your parts, {len(ref_f)} with its own")
+        assert 0 < ref_a < ref_n, f"{mode}: the workload must exercise both kept and rejected guesses ({ref_a}/{ref_n})"
+    summary = {"chi2_first": c1, "chi2_second": c2,
+               "accepted": {m: results[(m, "yours")][1] for m in ("greedy", "sampling")},
+               "proposed": {m: results[(m, "yours")][2] for m in ("greedy", "sampling")}}
+    print(f"the engine's verify step ran your parts: sampled output distributed as the target (chi-square {c1:.1f} "
+          f"and {c2:.1f} < {CHI2_CRIT_DF5}); the real engine (tiny model, a disagreeing draft, k={k}) kept "
+          + ", ".join(f"{summary['accepted'][m]}/{summary['proposed'][m]} guesses ({m})" for m in ("greedy", "sampling"))
+          + ", tokens equal to its own verify step's, 0 blocks leaked")
+    return summary
 
 
 # --- the lab's closing claims --------------------------------------------------------------------------------

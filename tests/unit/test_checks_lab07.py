@@ -4,7 +4,19 @@ from __future__ import annotations
 import pytest
 import torch
 
+from lab_utils import learner
 from lab_utils.checks import lab07
+from lab_utils.engine.parts import EngineParts
+from lab_utils.spec.engine_hook import rollback
+
+
+@pytest.fixture(autouse=True)
+def learner_dir(tmp_path, monkeypatch):
+    """Checks that pass submit the part: keep the saved files out of the repository."""
+    monkeypatch.setenv("LAB_LEARNER_DIR", str(tmp_path / "my_engine"))
+    learner.forget()
+    yield
+    learner.forget()
 
 
 def good_residual(p, q):
@@ -82,3 +94,71 @@ def test_checkers_let_not_implemented_propagate():
         lab07.check_residual(todo, seed=0)
     with pytest.raises(NotImplementedError):
         lab07.check_accept_reject(todo, seed=0)
+
+
+# --- the rollback ------------------------------------------------------------------------------------------------
+def good_rollback(req, bm, num_guesses, num_accepted):  # an independent solution
+    req.token_ids = req.token_ids[:-num_guesses]
+    req.num_computed_tokens = req.num_computed_tokens - num_guesses + num_accepted
+    while len(req.block_table) > bm.blocks_needed(req.num_computed_tokens + 1):
+        bm.release(req.block_table.pop())
+
+
+def rollback_variant(*, count=True, free=True, plus_one=True, drop_tokens=True, use_release=True):
+    def fn(req, bm, num_guesses, num_accepted):
+        if drop_tokens:
+            del req.token_ids[len(req.token_ids) - num_guesses:]
+        if count:
+            req.num_computed_tokens -= num_guesses - num_accepted
+        if free:
+            keep = bm.blocks_needed(req.num_computed_tokens + (1 if plus_one else 0))
+            for bid in reversed(req.block_table[keep:]):
+                if use_release:
+                    bm.release(bid)
+            del req.block_table[keep:]
+    return fn
+
+
+def test_rollback_accepts_a_correct_solution(capsys):
+    lab07.check_rollback(rollback)
+    lab07.check_rollback(good_rollback, seed=1)
+    assert "check_rollback passed" in capsys.readouterr().out
+    assert learner.load_part("spec.rollback") is good_rollback
+
+
+@pytest.mark.parametrize("kw, message", [
+    (dict(count=False), "num_guesses - num_accepted"),
+    (dict(free=False), "num_computed_tokens \\+ 1 tokens"),
+    (dict(plus_one=False), "one block too many"),
+    (dict(drop_tokens=False), "off the end of req.token_ids"),
+    (dict(use_release=False), "block_manager.release"),
+])
+def test_rollback_names_each_mistake(kw, message):
+    with pytest.raises(AssertionError, match=message):
+        lab07.check_rollback(rollback_variant(**kw))
+
+
+# --- the verify step in the engine ---------------------------------------------------------------------------
+MINE = {"spec.residual": good_residual, "spec.accept_reject": good_accept_reject, "spec.rollback": good_rollback}
+
+
+def test_verify_in_engine_accepts_correct_parts():
+    summary = lab07.check_verify_in_engine(EngineParts(MINE), num_requests=4)
+    assert summary["chi2_first"] < lab07.CHI2_CRIT_DF5
+    assert all(0 < summary["accepted"][m] < summary["proposed"][m] for m in ("greedy", "sampling"))
+
+
+@pytest.mark.parametrize("name, wrong, message", [
+    ("spec.accept_reject", _resample_from_p, "does not keep the target's distribution"),  # resample from p
+    ("spec.accept_reject", _bonus_from_last_draft_row, "other tokens"),                  # bonus from the wrong row
+    ("spec.rollback", rollback_variant(count=False), "stopped|other tokens"),            # rejected KV still counted
+    ("spec.rollback", rollback_variant(free=False), "free KV blocks"),                   # blocks held to the end
+])
+def test_verify_in_engine_catches_a_wrong_part(name, wrong, message):
+    with pytest.raises(AssertionError, match=message):
+        lab07.check_verify_in_engine(EngineParts({**MINE, name: wrong}), num_requests=4)
+
+
+def test_a_wrong_residual_alone_is_caught_through_the_engines_own_walk():
+    with pytest.raises(AssertionError, match="does not keep the target's distribution"):
+        lab07.check_verify_in_engine(EngineParts({"spec.residual": lambda p, q: p}), num_requests=2)
