@@ -81,6 +81,244 @@ def check_goodput(fn: Callable[..., float], seed: int | None = None) -> None:
     print("✔ check_goodput: goodput matches bench.metrics on 25 random workloads")
 
 
+# --- the KV hand-off: what the prefill worker sends and how the decode worker takes it ----------------------
+
+
+def _cache_case(rng: random.Random) -> dict:
+    """A random paged cache (k, v and, half the time, int8 scales) and one request's scattered block table."""
+    import torch
+
+    bs, layers, heads, D = rng.choice([1, 2, 4, 8]), rng.randint(1, 3), rng.randint(1, 3), rng.choice([2, 4])
+    num_blocks = rng.randint(4, 12)
+    n = rng.randint(1, num_blocks * bs // 2 + 1)
+    need = -(-n // bs)
+    table = rng.sample(range(num_blocks), need)
+    if need > 1 and table == sorted(table) and table[0] == 0 and rng.random() < 0.9:
+        table.reverse()  # mostly scattered, so a contiguous copy cannot pass
+    g = torch.Generator().manual_seed(rng.randrange(1 << 30))
+    shape = (layers, num_blocks * bs, heads, D)
+    cache = {"k": torch.randn(shape, generator=g), "v": torch.randn(shape, generator=g)}
+    if rng.random() < 0.5:
+        cache.update(k_scale=torch.rand(shape[:3], generator=g), v_scale=torch.rand(shape[:3], generator=g))
+    return dict(cache=cache, table=table, n=n, bs=bs)
+
+
+def _describe(c: dict) -> str:
+    return (f"block_size {c['bs']}, block_table {c['table']}, {c['n']} tokens, cache tensors "
+            f"{ {k: tuple(t.shape) for k, t in c['cache'].items()} }")
+
+
+def _export_hint(got: dict, c: dict) -> str:
+    import torch
+
+    cache, n, bs, table = c["cache"], c["n"], c["bs"], c["table"]
+    if set(got) != set(cache):
+        return (f"send every cache tensor ({sorted(cache)}; an int8 cache keeps a scale per token and head beside k "
+                f"and v), got {sorted(got)}")
+    k = got["k"]
+    if not isinstance(k, torch.Tensor):
+        return "return tensors"
+    if k.shape[:2] == (n, cache["k"].shape[0]) and n != cache["k"].shape[0]:
+        return "keep the cache's layout, layers first: [layers, num_tokens, ...]"
+    if k.shape[1] == len(table) * bs != n:
+        return (f"send the prompt's {n} tokens only, not every slot of its {len(table)} blocks (the last block is "
+                f"partly empty)")
+    if k.shape[1] == n and k.equal(cache["k"][:, :n]):
+        return ("the request's tokens are not at the start of the cache: its blocks are scattered; token t sits at "
+                "slot block_table[t // block_size] * block_size + t % block_size")
+    wrong = [table[t // bs] + t % bs for t in range(n)]
+    if k.shape[1] == n and max(wrong) < cache["k"].shape[1] and k.equal(cache["k"][:, wrong]):
+        return "a block id is not a slot: slot = block_table[t // block_size] * block_size + t % block_size"
+    return ""
+
+
+def check_export_kv(fn: Callable, seed: int | None = 0, cases: int = 60) -> None:
+    """`fn(cache, block_table, num_tokens, block_size) -> dict` against the reference on random paged caches
+    (scattered block tables, partial last blocks, int8 scales); submits `fn` when it passes."""
+    from lab_utils import learner
+    from lab_utils.disagg.workers import export_kv
+
+    rng = random.Random(seed)
+    for trial in range(cases):
+        c = _cache_case(rng)
+        want = export_kv(c["cache"], list(c["table"]), c["n"], c["bs"])
+        got = fn({k: t.clone() for k, t in c["cache"].items()}, list(c["table"]), c["n"], c["bs"])
+        ok = isinstance(got, dict) and set(got) == set(want) and all(
+            hasattr(got[k], "shape") and got[k].shape == want[k].shape and got[k].equal(want[k]) for k in want)
+        if ok:
+            continue
+        if not isinstance(got, dict):
+            raise AssertionError(f"case {trial}: return a dict of tensors (name -> [layers, tokens, ...]), got "
+                                 f"{type(got).__name__}")
+        hint = _export_hint(got, c)
+        shapes = {k: tuple(t.shape) if hasattr(t, "shape") else type(t).__name__ for k, t in got.items()}
+        first = next((k for k in want if k in got and hasattr(got[k], "shape") and got[k].shape == want[k].shape
+                      and not got[k].equal(want[k])), None)
+        where = ""
+        if first is not None:
+            bad = (got[first] != want[first]).reshape(want[first].shape[0], want[first].shape[1], -1).any(-1)
+            layer, tok = (int(i) for i in bad.nonzero()[0])
+            where = f"; first wrong value: {first}[layer {layer}, token {tok}]"
+        raise AssertionError(f"case {trial} ({_describe(c)}): you returned {shapes}, expected "
+                             f"{ {k: tuple(t.shape) for k, t in want.items()} }{where}"
+                             + (f"\n   hint: {hint}" if hint else ""))
+    print(f"✔ check_export_kv: the prompt's KV matches on {cases} random paged caches (scattered blocks, int8 scales)")
+    learner.submit("disagg.export_kv", fn)
+
+
+def check_import_kv(fn: Callable, seed: int | None = 0, cases: int = 60) -> None:
+    """`fn(cache, block_table, kv, block_size)` writes received KV into the request's blocks, in place, and
+    nothing else; checked on random caches against the reference. Submits `fn` when it passes."""
+    import torch
+
+    from lab_utils import learner
+    from lab_utils.disagg.workers import export_kv, import_kv
+
+    rng = random.Random(seed)
+    for trial in range(cases):
+        c = _cache_case(rng)
+        g = torch.Generator().manual_seed(trial)
+        kv = {k: torch.randn((t.shape[0], c["n"], *t.shape[2:]), generator=g) for k, t in c["cache"].items()}
+        want = {k: t.clone() for k, t in c["cache"].items()}
+        import_kv(want, list(c["table"]), {k: t.clone() for k, t in kv.items()}, c["bs"])
+        got = {k: t.clone() for k, t in c["cache"].items()}
+        before = {k: t.data_ptr() for k, t in got.items()}
+        tensors = dict(got)
+        fn(got, list(c["table"]), {k: t.clone() for k, t in kv.items()}, c["bs"])
+        if all(tensors[k].equal(want[k]) for k in want):
+            continue
+        hint = ""
+        if any(got[k].data_ptr() != before[k] for k in got if k in before):
+            hint = "write into the cache tensors in place (cache[name][:, slots] = ...), not new tensors in the dict"
+        elif any(tensors[k].equal(c["cache"][k]) for k in ("k_scale", "v_scale") if k in want):
+            hint = "write every received tensor: an int8 cache's scales too (k_scale, v_scale)"
+        elif all(tensors[k][:, :c["n"]].equal(kv[k]) for k in kv):
+            hint = ("the request's new blocks are scattered over the cache: token t goes to slot "
+                    "block_table[t // block_size] * block_size + t % block_size, not slot t")
+        elif export_kv(tensors, list(c["table"]), c["n"], c["bs"]).keys() == kv.keys() and all(
+                export_kv(tensors, list(c["table"]), c["n"], c["bs"])[k].equal(kv[k]) for k in kv):
+            hint = "the received KV is in place, but other slots changed too: write the request's slots only"
+        diff = next(k for k in want if not tensors[k].equal(want[k]))
+        bad = (tensors[diff] != want[diff]).reshape(want[diff].shape[0], want[diff].shape[1], -1).any(-1)
+        layer, slot = (int(i) for i in bad.nonzero()[0])
+        raise AssertionError(f"case {trial} ({_describe(c)}): after your import, {diff}[layer {layer}, slot {slot}] "
+                             f"differs from the expected cache" + (f"\n   hint: {hint}" if hint else ""))
+    print(f"✔ check_import_kv: received KV lands in the request's slots (only) on {cases} random paged caches")
+    learner.submit("disagg.import_kv", fn)
+
+
+def check_resume_prefilled(fn: Callable, seed: int | None = 0, cases: int = 20) -> None:
+    """`fn(req, first_token, kv)` on fresh requests: the state the decode engine admits (first token appended,
+    prompt computed, SWAPPED with the received KV). Submits `fn` when it passes."""
+    from lab_utils import learner
+    from lab_utils.engine.request import Request, Status
+    from lab_utils.engine.sampling_params import SamplingParams
+
+    rng = random.Random(seed)
+    for trial in range(cases):
+        P = rng.randint(1, 30)
+        req = Request(f"r{trial}", None, [rng.randrange(100) for _ in range(P)], SamplingParams(max_tokens=8), 0.0)
+        first, kv = rng.randrange(100), {"k": object(), "v": object()}
+        fn(req, first, kv)
+        state = dict(tokens=list(req.token_ids), computed=req.num_computed_tokens, status=req.status,
+                     kv=req.swapped_kv is kv)
+        want = dict(tokens=req.prompt_token_ids + [first], computed=P, status=Status.SWAPPED, kv=True)
+        if state == want:
+            continue
+        if state["tokens"] == req.prompt_token_ids:
+            hint = "append first_token to the request: the decode worker continues after it"
+        elif state["tokens"] != want["tokens"]:
+            hint = "the request's tokens are its prompt, then first_token (once)"
+        elif state["computed"] == P + 1:
+            hint = ("the first token's KV is not in the transfer (the prefill step only sampled it): the first decode "
+                    "step computes it, so num_computed_tokens = the prompt's length")
+        elif state["computed"] != P:
+            hint = "the prompt's KV arrived with the request: num_computed_tokens = the prompt's length"
+        elif state["status"] is Status.WAITING:
+            hint = ("a WAITING request gets its prompt recomputed; SWAPPED makes the scheduler allocate blocks and "
+                    "swap the received KV in")
+        elif state["status"] is not Status.SWAPPED:
+            hint = "status SWAPPED: to the scheduler it is a swapped-out request coming back"
+        else:
+            hint = "set req.swapped_kv to the received kv: swap-in copies it into the new blocks"
+        raise AssertionError(f"case {trial}: a {P}-token prompt, first token {first}: your request has "
+                             f"{len(state['tokens'])} tokens, {state['computed']} computed, status "
+                             f"{state['status'].name}, swapped_kv {'set' if state['kv'] else 'not the received kv'}"
+                             f"\n   hint: {hint}")
+    print(f"✔ check_resume_prefilled: the decode side's request state is right on {cases} random prompts")
+    learner.submit("disagg.resume_prefilled", fn)
+
+
+def check_handoff_in_engine(export_fn=None, import_fn=None, resume_fn=None, num_requests: int = 10,
+                            seed: int = 0) -> dict:
+    """Two real `LLMEngine`s on a tiny random model, in this process, doing what the workers do: the prefill
+    engine runs each prompt to its first token, `export_fn` takes its KV out of the paged cache, the decode
+    engine admits it with `resume_fn` and swaps it in with `import_fn` (None: the reference); an int8 KV cache, so
+    the scales travel too. Every request's
+    greedy tokens must equal one colocated engine's, and both engines' blocks must all come back."""
+    import functools
+
+    from lab_utils.disagg import workers
+    from lab_utils.engine.config import EngineConfig
+    from lab_utils.engine.engine import LLMEngine
+    from lab_utils.engine.parts import EngineParts, LearnerPartError
+    from lab_utils.engine.sampling_params import SamplingParams
+    from lab_utils.models.loader import build_random
+    from lab_utils.models.registry import REGISTRY
+
+    fns = {workers.EXPORT_PART: export_fn, workers.IMPORT_PART: import_fn, workers.RESUME_PART: resume_fn}
+    parts = EngineParts({k: f for k, f in fns.items() if f is not None})
+    export_fn = parts.function(workers.EXPORT_PART, workers.export_kv)
+    import_fn = parts.function(workers.IMPORT_PART, workers.import_kv)
+    resume_fn = parts.function(workers.RESUME_PART, workers.resume_prefilled)
+    rng = random.Random(seed)
+    model = build_random(REGISTRY["tiny-random"].config, seed=0).eval()
+    prompts = [[rng.randrange(model.config.vocab_size) for _ in range(rng.randint(1, 30))] for _ in range(num_requests)]
+    params = [SamplingParams(max_tokens=rng.randint(2, 12), temperature=0.0, ignore_eos=True) for _ in prompts]
+    cfg = EngineConfig(max_num_seqs=4, block_size=4, num_gpu_blocks=48, max_num_batched_tokens=64,
+                       enable_prefix_caching=False, max_model_len=64, watermark=0.0, kv_cache_dtype="int8")
+    colo = [o.token_ids for o in LLMEngine((model, None), cfg, device="cpu").generate(prompts, params)]
+    pre, dec = LLMEngine((model, None), cfg, device="cpu"), LLMEngine((model, None), cfg, device="cpu")
+    dec.scheduler.swap_in = functools.partial(workers.swap_in_with, import_fn, dec.kv_cache)
+    for i, (p, sp) in enumerate(zip(prompts, params)):
+        pre.add_request(p, sp, request_id=str(i))
+    done: dict[str, list[int]] = {}
+    try:
+        while pre.has_unfinished() or dec.has_unfinished():
+            for out in (pre.step() if pre.has_unfinished() else []):
+                if out.finished:  # an exported request's abort (max_tokens >= 2: none ends at its first token)
+                    continue
+                req = pre.requests[out.request_id]
+                kv = workers.export_prompt_kv(pre, req, export_fn)
+                meta = dict(request_id=req.request_id, prompt_token_ids=req.prompt_token_ids, params=req.params,
+                            arrival_time=req.metrics.arrival_time, first_token=req.token_ids[-1],
+                            first_token_time=req.metrics.first_token_time,
+                            first_scheduled_time=req.metrics.first_scheduled_time)
+                pre.abort(req.request_id)
+                workers.admit_prefilled(dec, meta, kv, resume_fn)
+            for out in (dec.step() if dec.has_unfinished() else []):
+                if out.finished:
+                    done[out.request_id] = list(out.token_ids)
+    except LearnerPartError as err:
+        raise AssertionError(f"the prefill/decode hand-off in two real engines stopped: {err}") from None
+    for who, eng in (("prefill", pre), ("decode", dec)):
+        try:
+            eng.block_manager.check_all_free()
+        except AssertionError as err:
+            raise AssertionError(f"the {who} engine's KV blocks leaked after every request ended: {err}") from None
+    for i, want in enumerate(colo):
+        got = done.get(str(i))
+        if got != want:
+            k = next((j for j in range(min(len(got or []), len(want))) if got[j] != want[j]), None)
+            raise AssertionError(f"request {i} ({len(prompts[i])}-token prompt): the disaggregated tokens "
+                                 f"{(got or [])[:8]} differ from one engine's {want[:8]}"
+                                 + (f" from token {k} on" if k is not None else "")
+                                 + ": the decode engine attended to other KV than the prompt's")
+    print(f"✔ check_handoff_in_engine: a prefill engine and a decode engine ran your hand-off on {num_requests} "
+          f"requests: tokens equal to one engine's, no block left in either")
+    return {"requests": num_requests, "tokens_equal": True}
+
+
 # --- the lab's closing claims --------------------------------------------------------------------------------
 
 
@@ -92,13 +330,17 @@ def claims(r: dict) -> list[tuple[str, bool]]:
     labelled checks of the model."""
     from lab_utils.checks.claims import need
 
-    need(r, "same_tokens", "n_prompts", "kv_ratio", "kv_bytes_per_token", "cal_err_ttft", "cal_err_tpot",
-         "cal_bound", "goodput", "best_pd", "thr_pd_best", "thr_colo")
+    need(r, "same_tokens", "handoff_ran", "n_prompts", "kv_ratio", "kv_bytes_per_token", "cal_err_ttft",
+         "cal_err_tpot", "cal_bound", "goodput", "best_pd", "thr_pd_best", "thr_colo")
     gp, best = r["goodput"], r["best_pd"]
     nochunk, chunk = gp["colocated (no chunking)"], gp["colocated (chunked prefill)"]
     gain_nochunk, gain_chunk = gp[best] / max(nochunk, 1e-9), gp[best] / max(chunk, 1e-9)
     worst_cal = max(r["cal_err_ttft"], r["cal_err_tpot"])
+    ran = r["handoff_ran"]
     return [
+        ("measured: the prefill worker exported with your export_kv, the decode worker admitted with your "
+         "resume_prefilled and import_kv", "disagg.export_kv" in ran.get("prefill", [])
+         and {"disagg.resume_prefilled", "disagg.import_kv"} <= set(ran.get("decode", []))),
         (f"measured: a real prefill/decode split over 2 processes gives the same tokens as one engine "
          f"({r['n_prompts']} prompts)", bool(r["same_tokens"])),
         (f"measured: the KV bytes that crossed the pipe = prompt tokens x {r['kv_bytes_per_token']:,} B (+ headers; "

@@ -129,7 +129,9 @@ class DisaggregatedCluster:
     def __init__(self, model: str = "smollm2-135m", engine_config: EngineConfig | None = None, device: str = "cpu",
                  dtype: str | None = None, prefill_config: EngineConfig | None = None,
                  decode_config: EngineConfig | None = None, on_worker_failure: str = "requeue",
-                 threads_per_worker: int = 1, startup_timeout_s: float = 300.0) -> None:
+                 threads_per_worker: int = 1, startup_timeout_s: float = 300.0, learner_parts=()) -> None:
+        """`learner_parts`: names of the learner's KV hand-off parts (disagg.export_kv, import_kv,
+        resume_prefilled) the workers load from my_engine/ in place of the reference."""
         if on_worker_failure not in FAILURE_POLICIES:
             raise ValueError(f"on_worker_failure={on_worker_failure!r} is invalid: must be one of {FAILURE_POLICIES}")
         if device not in ("auto", "cpu", "cuda"):
@@ -155,6 +157,8 @@ class DisaggregatedCluster:
         self.num_requeued = 0
         self._batches = 0
         self._healthy = False
+        self.learner_parts = tuple(learner_parts)
+        self.learner_parts_ran: dict[str, list[str]] = {}  # worker -> the learner's parts it runs
 
     # -- lifecycle --------------------------------------------------------------------------------
     def __enter__(self) -> DisaggregatedCluster:
@@ -176,6 +180,13 @@ class DisaggregatedCluster:
     def _start_workers(self) -> None:
         ctx = torch.multiprocessing.get_context("spawn")
         eos = {self.tokenizer.eos_token_id} - {None}
+        learner_dir = None
+        if self.learner_parts:  # fail here, in the caller, when a part is missing or does not load
+            from lab_utils import learner
+            from lab_utils.disagg.workers import load_disagg_parts
+
+            load_disagg_parts(self.learner_parts)
+            learner_dir = str(learner.learner_dir().resolve())
         self._queues = {"prefill": ctx.Queue(), "decode": ctx.Queue()}
         p_read, p_write = ctx.Pipe(duplex=False)
         d_read, d_write = ctx.Pipe(duplex=False)
@@ -183,10 +194,12 @@ class DisaggregatedCluster:
         self._procs = {
             "prefill": ctx.Process(target=prefill_main, name="lab-prefill", daemon=True,
                                    args=(self.model, self.prefill_config, self.placement.prefill, self.dtype, eos,
-                                         self._queues["prefill"], p_write, kv_write, self.threads)),
+                                         self._queues["prefill"], p_write, kv_write, self.threads,
+                                         self.learner_parts, learner_dir)),
             "decode": ctx.Process(target=decode_main, name="lab-decode", daemon=True,
                                   args=(self.model, self.decode_config, self.placement.decode, self.dtype, eos,
-                                        self._queues["decode"], d_write, kv_read, self.threads)),
+                                        self._queues["decode"], d_write, kv_read, self.threads,
+                                        self.learner_parts, learner_dir)),
         }
         for p in self._procs.values():
             p.start()
@@ -210,6 +223,7 @@ class DisaggregatedCluster:
                 if msg[0] == "error":
                     raise RuntimeError(f"{who} worker failed during start-up:\n{msg[2]}")
                 ready.add(who)
+                self.learner_parts_ran[who] = list(msg[2]) if len(msg) > 2 else []
         self._healthy = True
 
     def _stop_workers(self) -> None:

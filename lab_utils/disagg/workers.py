@@ -12,6 +12,7 @@ Both report to the router over their own pipe; a dead worker shows as EOF there.
 """
 from __future__ import annotations
 
+import functools
 import multiprocessing
 import queue as queue_mod
 import threading
@@ -39,29 +40,113 @@ def build_engine(model: str, config, device: str, dtype: str, extra_eos: set[int
     return engine
 
 
-def export_prompt_kv(engine, req: Request) -> dict[str, torch.Tensor]:
+EXPORT_PART, IMPORT_PART, RESUME_PART = "disagg.export_kv", "disagg.import_kv", "disagg.resume_prefilled"
+
+
+def _slots(block_table: list[int], num_tokens: int, block_size: int, device) -> torch.Tensor:
+    return torch.tensor([block_table[t // block_size] * block_size + t % block_size for t in range(num_tokens)],
+                        dtype=torch.long, device=device)
+
+
+def export_kv(cache: dict[str, torch.Tensor], block_table: list[int], num_tokens: int,
+              block_size: int) -> dict[str, torch.Tensor]:
+    """What the prefill side sends: for every cache tensor ([layers, slots, ...]: k, v and, with an int8 cache,
+    their scales), the entries of the request's first `num_tokens` tokens in token order, [layers, num_tokens, ...],
+    on the CPU. Token t sits at slot block_table[t // block_size] * block_size + t % block_size."""
+    out = {}
+    for name, t in cache.items():
+        out[name] = t[:, _slots(block_table, num_tokens, block_size, t.device)].cpu()
+    return out
+
+
+def import_kv(cache: dict[str, torch.Tensor], block_table: list[int], kv: dict[str, torch.Tensor],
+              block_size: int) -> None:
+    """The decode side's copy of received KV ([layers, n, ...] per tensor, token order) into its own blocks
+    (`block_table`, allocated by its scheduler): token t goes to slot block_table[t // bs] * bs + t % bs."""
+    for name, t in kv.items():
+        cache[name][:, _slots(block_table, t.shape[1], block_size, cache[name].device)] = t.to(cache[name].device)
+
+
+def resume_prefilled(req: Request, first_token: int, kv: dict[str, torch.Tensor]) -> None:
+    """Make a fresh request (prompt only) the one the prefill worker ended with: its first token appended, its
+    prompt counted as computed (the KV is in `kv`, not in a block yet), and to the scheduler a swapped-out
+    request, so admitting it allocates blocks and swaps `kv` in (`import_kv`) instead of recomputing the prompt."""
+    req.token_ids.append(first_token)
+    req.num_computed_tokens = req.num_prompt_tokens
+    req.status, req.swapped_kv = Status.SWAPPED, kv
+
+
+def kv_cache_tensors(kv_cache) -> dict[str, torch.Tensor]:
+    """The paged cache's tensors by name, [layers, slots, ...] (fp8 viewed as bytes): what export/import index."""
+    names = ["k", "v"] + (["k_scale", "v_scale"] if kv_cache.quantized else [])
+    return {n: kv_cache._raw(getattr(kv_cache, n)) for n in names}
+
+
+def load_disagg_parts(names=()) -> tuple[dict, list[str]]:
+    """{part: function} for the three hand-off parts (the learner's saved version for those in `names`, loaded
+    from my_engine/ in this worker process; errors name the part), and the names of the learner's."""
+    from lab_utils import learner
+    from lab_utils.engine.parts import EngineParts
+
+    refs = {EXPORT_PART: export_kv, IMPORT_PART: import_kv, RESUME_PART: resume_prefilled}
+    fns = {}
+    for name in names:
+        if name not in refs:
+            raise ValueError(f"learner_parts: {name!r} is not a KV hand-off part; use {sorted(refs)}")
+        fn = learner.load_part(name)
+        if fn is None:
+            raise ValueError(f"learner_parts asks for your {name}, but {learner.learner_dir()} has none: run the "
+                             f"lab's check cell (it saves your function with learner.submit)")
+        fns[name] = fn
+    parts = EngineParts(fns)
+    return {n: parts.function(n, ref) for n, ref in refs.items()}, sorted(fns)
+
+
+def export_prompt_kv(engine, req: Request, export_fn=export_kv) -> dict[str, torch.Tensor]:
     """K/V of the request's prompt tokens, [layers, tokens, kv_heads, head_dim] each (+ int8 scales)."""
-    saved = engine.kv_cache.copy_out(req.block_table)
-    return {k: t[:, :req.num_prompt_tokens] for k, t in saved.items()}
+    from lab_utils.engine.parts import LearnerPartError
+
+    cache = kv_cache_tensors(engine.kv_cache)
+    kv = export_fn(cache, list(req.block_table), req.num_prompt_tokens, engine.kv_cache.block_size)
+    want = {n: (t.shape[0], req.num_prompt_tokens, *t.shape[2:]) for n, t in cache.items()}
+    got = {n: tuple(t.shape) for n, t in kv.items()} if isinstance(kv, dict) else kv
+    if got != want:
+        raise LearnerPartError(f"your {EXPORT_PART} returned {got} for a {req.num_prompt_tokens}-token prompt; the "
+                               f"decode side needs {want} (every cache tensor, the prompt's tokens only)")
+    return kv
 
 
-def admit_prefilled(engine, meta: dict, kv: dict[str, torch.Tensor]) -> str:
+def swap_in_with(import_fn, kv_cache, req: Request) -> None:
+    """The scheduler's swap-in through `import_fn` (the decode worker's admission of transferred KV)."""
+    import_fn(kv_cache_tensors(kv_cache), list(req.block_table), req.swapped_kv, kv_cache.block_size)
+    req.swapped_kv = None
+
+
+def admit_prefilled(engine, meta: dict, kv: dict[str, torch.Tensor], resume_fn=resume_prefilled) -> str:
     """Queue a request whose prompt KV and first token were computed elsewhere (see the module doc)."""
+    from lab_utils.engine.parts import LearnerPartError
+
     req = Request(meta["request_id"], None, meta["prompt_token_ids"], meta["params"], meta["arrival_time"])
-    req.token_ids.append(meta["first_token"])
+    resume_fn(req, meta["first_token"], kv)
+    P = req.num_prompt_tokens
+    state = (req.num_tokens, req.num_computed_tokens, req.status, req.swapped_kv is kv)
+    if state != (P + 1, P, Status.SWAPPED, True):
+        raise LearnerPartError(
+            f"your {RESUME_PART} left the request with {req.num_tokens} tokens, {req.num_computed_tokens} computed, "
+            f"status {req.status.name}, swapped_kv {'= the received KV' if state[3] else 'not the received KV'}; the "
+            f"engine needs {P + 1} tokens (prompt + first token), {P} computed (the first token's KV is computed by "
+            f"the next decode step), status SWAPPED with swapped_kv = kv")
     m = req.metrics
     m.first_scheduled_time, m.first_token_time = meta["first_scheduled_time"], meta["first_token_time"]
     m.token_times = [meta["first_token_time"]]
-    req.num_computed_tokens = req.num_prompt_tokens
     req.num_cached_tokens = meta.get("num_cached_tokens", 0)
     engine.requests[req.request_id] = req
     reason = engine._rejection_reason(req)
     if reason:
-        req.status, req.finish_reason = Status.REJECTED, f"rejected: {reason}"
+        req.status, req.finish_reason, req.swapped_kv = Status.REJECTED, f"rejected: {reason}", None
         engine.num_rejected += 1
         engine._pending_outputs.append(engine._output(req, finished=True))
         return req.request_id
-    req.status, req.swapped_kv = Status.SWAPPED, kv
     engine.scheduler.add(req)
     return req.request_id
 
@@ -72,13 +157,23 @@ def _orphaned() -> bool:
     return parent is not None and not parent.is_alive()
 
 
-def prefill_main(model, config, device, dtype, extra_eos, requests, to_router, kv_conn, threads) -> None:
+def _use_learner_dir(learner_dir: str | None) -> None:
+    if learner_dir:  # the worker loads the learner's saved parts from the router's my_engine/
+        import os
+
+        os.environ["LAB_LEARNER_DIR"] = learner_dir
+
+
+def prefill_main(model, config, device, dtype, extra_eos, requests, to_router, kv_conn, threads,
+                 learner_parts=(), learner_dir=None) -> None:
     """Prefill worker: requests in from the router, KV out to the decode worker, notes back to the router."""
     torch.set_num_threads(threads)
     try:
         engine = build_engine(model, config, device, dtype, extra_eos)
         sender = KVSender(kv_conn)
-        to_router.send(("ready", "prefill"))
+        _use_learner_dir(learner_dir)
+        fns, used = load_disagg_parts([n for n in learner_parts if n == EXPORT_PART])
+        to_router.send(("ready", "prefill", used))
         while True:
             msgs = []
             try:  # idle: wait for work; busy: take what has arrived and keep stepping
@@ -104,7 +199,7 @@ def prefill_main(model, config, device, dtype, extra_eos, requests, to_router, k
                     continue
                 rec = TransferRecord(req.request_id, req.num_prompt_tokens)
                 t0 = time.perf_counter()
-                kv = export_prompt_kv(engine, req)
+                kv = export_prompt_kv(engine, req, fns[EXPORT_PART])
                 rec.serialize_s = time.perf_counter() - t0
                 meta = dict(request_id=req.request_id, prompt_token_ids=req.prompt_token_ids, params=req.params,
                             arrival_time=req.metrics.arrival_time, first_token=req.token_ids[-1],
@@ -137,7 +232,8 @@ def _receive_kv(receiver: KVReceiver, inbox: queue_mod.Queue) -> None:
         inbox.put((meta, kv, dict(recv_s=recv_s, load_s=load_s, received_at=now())))
 
 
-def decode_main(model, config, device, dtype, extra_eos, control, to_router, kv_conn, threads) -> None:
+def decode_main(model, config, device, dtype, extra_eos, control, to_router, kv_conn, threads,
+                learner_parts=(), learner_dir=None) -> None:
     """Decode worker: KV in from the prefill worker, continuous batching of decodes, finished outputs out."""
     torch.set_num_threads(threads)
     try:
@@ -145,7 +241,11 @@ def decode_main(model, config, device, dtype, extra_eos, control, to_router, kv_
         inbox: queue_mod.Queue = queue_mod.Queue()
         threading.Thread(target=_receive_kv, args=(KVReceiver(kv_conn), inbox), daemon=True).start()
         records: dict[str, dict] = {}
-        to_router.send(("ready", "decode"))
+        _use_learner_dir(learner_dir)
+        fns, used = load_disagg_parts([n for n in learner_parts if n != EXPORT_PART])
+        if IMPORT_PART in used:
+            engine.scheduler.swap_in = functools.partial(swap_in_with, fns[IMPORT_PART], engine.kv_cache)
+        to_router.send(("ready", "decode", used))
         while True:
             try:
                 if control.get_nowait()[0] == "stop":
@@ -160,7 +260,7 @@ def decode_main(model, config, device, dtype, extra_eos, control, to_router, kv_
                 while True:
                     if item is not None:
                         meta, kv, rec = item
-                        admit_prefilled(engine, meta, kv)
+                        admit_prefilled(engine, meta, kv, fns[RESUME_PART])
                         records[meta["request_id"]] = rec
                         busy = True
                     item = inbox.get_nowait()

@@ -57,3 +57,123 @@ def test_goodput_checker_lets_not_implemented_through():
         raise NotImplementedError("hint")
     with pytest.raises(NotImplementedError):
         lab10.check_goodput(todo)
+
+
+# --- the KV hand-off parts --------------------------------------------------------------------------------------
+import torch  # noqa: E402
+
+from lab_utils.disagg.workers import export_kv, import_kv, resume_prefilled  # noqa: E402
+from lab_utils.engine.request import Status  # noqa: E402
+
+
+@pytest.fixture
+def learner_dir(tmp_path, monkeypatch):
+    from lab_utils import learner
+
+    monkeypatch.setenv("LAB_LEARNER_DIR", str(tmp_path / "my_engine"))
+    yield tmp_path / "my_engine"
+    learner.forget()
+
+
+def _slots(bt, n, bs):
+    return torch.tensor([bt[t // bs] * bs + t % bs for t in range(n)])
+
+
+def test_handoff_checkers_accept_the_reference_and_submit(learner_dir, capsys):
+    lab10.check_export_kv(export_kv, cases=20)
+    lab10.check_import_kv(import_kv, cases=20)
+    lab10.check_resume_prefilled(resume_prefilled)
+    lab10.check_handoff_in_engine(export_kv, import_kv, resume_prefilled, num_requests=4)
+    assert capsys.readouterr().out.count("✔") == 4
+    assert "def export_kv(" in (learner_dir / "disagg.py").read_text()
+
+
+def _contiguous(cache, bt, n, bs):
+    return {k: t[:, :n].clone() for k, t in cache.items()}
+
+
+def _whole_blocks(cache, bt, n, bs):
+    s = torch.tensor([b * bs + o for b in bt for o in range(bs)])
+    return {k: t[:, s] for k, t in cache.items()}
+
+
+def _no_scales(cache, bt, n, bs):
+    return {k: t[:, _slots(bt, n, bs)] for k, t in cache.items() if k in ("k", "v")}
+
+
+def _tokens_first(cache, bt, n, bs):
+    return {k: t[:, _slots(bt, n, bs)].transpose(0, 1).contiguous() for k, t in cache.items()}
+
+
+@pytest.mark.parametrize("bad, msg", [
+    (_contiguous, "blocks are scattered"),
+    (_whole_blocks, "not every slot of its"),
+    (_no_scales, "an int8 cache keeps a scale"),
+    (_tokens_first, "layers first"),
+])
+def test_export_checker_rejects_mistakes(bad, msg, learner_dir):
+    with pytest.raises(AssertionError, match=msg):
+        lab10.check_export_kv(bad, cases=30)
+
+
+def _import_contiguous(cache, bt, kv, bs):
+    for k, t in kv.items():
+        cache[k][:, :t.shape[1]] = t
+
+
+def _import_kv_only(cache, bt, kv, bs):
+    for k in ("k", "v"):
+        cache[k][:, _slots(bt, kv[k].shape[1], bs)] = kv[k]
+
+
+def _import_new_tensors(cache, bt, kv, bs):
+    for k, t in kv.items():
+        c = cache[k].clone()
+        c[:, _slots(bt, t.shape[1], bs)] = t
+        cache[k] = c
+
+
+@pytest.mark.parametrize("bad, msg", [
+    (_import_contiguous, "not slot t"),
+    (_import_kv_only, "scales too"),
+    (_import_new_tensors, "in place"),
+])
+def test_import_checker_rejects_mistakes(bad, msg, learner_dir):
+    with pytest.raises(AssertionError, match=msg):
+        lab10.check_import_kv(bad, cases=30)
+
+
+def _no_first_token(req, first, kv):
+    req.num_computed_tokens = req.num_prompt_tokens
+    req.status, req.swapped_kv = Status.SWAPPED, kv
+
+
+def _first_token_computed(req, first, kv):
+    resume_prefilled(req, first, kv)
+    req.num_computed_tokens += 1
+
+
+def _waiting(req, first, kv):
+    resume_prefilled(req, first, kv)
+    req.status = Status.WAITING
+
+
+@pytest.mark.parametrize("bad, msg", [
+    (_no_first_token, "append first_token"),
+    (_first_token_computed, "first decode step computes it"),
+    (_waiting, "recomputed"),
+])
+def test_resume_checker_rejects_mistakes(bad, msg, learner_dir):
+    with pytest.raises(AssertionError, match=msg):
+        lab10.check_resume_prefilled(bad)
+
+
+@pytest.mark.parametrize("kw, msg", [
+    (dict(export_fn=_contiguous), "differ from one engine's"),        # another request's KV decoded
+    (dict(export_fn=_no_scales), "every cache tensor"),              # the workers name the part
+    (dict(import_fn=_import_contiguous), "differ from one engine's"),
+    (dict(resume_fn=_first_token_computed), "your disagg.resume_prefilled left"),  # the engine names the part
+])
+def test_handoff_in_engine_rejects_mistakes(kw, msg):
+    with pytest.raises(AssertionError, match=msg):
+        lab10.check_handoff_in_engine(**kw, num_requests=6)
