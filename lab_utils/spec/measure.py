@@ -16,14 +16,15 @@ from lab_utils.engine.sampling_params import SamplingParams
 from lab_utils.spec.engine_hook import SpecStats
 
 
-def build_engines(model_tok, methods: dict[str, SpecConfig | None], device: str = "cpu",
+def build_engines(model_tok, methods: dict[str, SpecConfig | None], device: str = "cpu", parts=None,
                   **engine_kw) -> dict[str, LLMEngine]:
-    """{name: engine}; a method whose proposer cannot be built (e.g. heads not trained yet) is left out."""
+    """{name: engine}; a method whose proposer cannot be built (e.g. heads not trained yet) is left out.
+    `parts`: the engine parts they run (a learner's verify step, lab 07), None = the engine's own."""
     engines = {}
     kw = dict(kv_cache_memory_bytes=64 << 20, enable_prefix_caching=False) | engine_kw
     for name, spec in methods.items():
         try:
-            engines[name] = LLMEngine(model_tok, EngineConfig(speculative=spec, **kw), device=device)
+            engines[name] = LLMEngine(model_tok, EngineConfig(speculative=spec, **kw), device=device, parts=parts)
         except (ValueError, OSError) as e:
             print(f"[spec] skipping {name}: {e}")
     return engines
