@@ -67,7 +67,10 @@ def _probe() -> tuple[bool, str]:
 
 
 def available() -> tuple[bool, str]:
-    """(True, "vllm <version>") or (False, why). Imports vLLM once (~5-15 s on a cold CPU)."""
+    """(True, "vllm <version>") or (False, why). Imports vLLM once (~5-15 s on a cold CPU). `LAB_VLLM=0` in the
+    environment turns vLLM off (CI's bf16 rehearsal of the labs runs the lab engine's half only)."""
+    if os.environ.get("LAB_VLLM", "1") == "0":
+        return False, "vLLM turned off here (LAB_VLLM=0)"
     return _probe()
 
 

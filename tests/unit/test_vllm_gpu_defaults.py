@@ -51,3 +51,9 @@ def test_vllm_backend_on_gpu(on_gpu, monkeypatch):
     kw = be.kwargs
     assert kw["dtype"] == "bfloat16" and kw["enforce_eager"] is False and kw["max_num_seqs"] == 8
     assert kw["gpu_memory_utilization"] == vllm_env.DEFAULT_GPU_MEMORY_UTILIZATION
+
+
+def test_lab_vllm_0_turns_vllm_off(monkeypatch):
+    monkeypatch.setenv("LAB_VLLM", "0")
+    ok, why = vllm_env.available()
+    assert not ok and "LAB_VLLM=0" in why
