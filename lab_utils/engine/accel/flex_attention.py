@@ -71,16 +71,7 @@ def _flex_fn(compiled: bool, backend: str = "inductor"):
         return flex_attention
     _raise_recompile_limit()
     # dynamic: the batch and context lengths change every step; one kernel serves them all
-    fn = torch.compile(flex_attention, dynamic=True, backend=backend)
-    from torch.fx.experimental import _config as fx_config
-
-    def call(*args, **kwargs):
-        # no "duck sizing": a first prefill has as many queries as keys, and Dynamo would otherwise guard on
-        # that coincidence and compile again at the first step where they differ
-        with fx_config.patch(use_duck_shape=False):
-            return fn(*args, **kwargs)
-
-    return call
+    return torch.compile(flex_attention, dynamic=True, backend=backend)
 
 
 def build_block_mask(meta: AttentionMetadata):
