@@ -410,7 +410,7 @@ def claims(r: dict) -> list[tuple[str, bool]]:
     from lab_utils.checks.claims import need
 
     need(r, "ppl", "fp32_ppl", "qat_label", "qat_losses", "qat_steps", "stored_int8_ppl", "saved8", "saved4",
-         "int8_share", "int4_share", "kv_ppl", "kv_tokens", "kv_budget_gib")
+         "int8_share", "int4_share", "kv_ppl", "kv_tokens", "kv_budget_gib", "engine_parts")
     p, f32, q = r["ppl"], r["fp32_ppl"], r["qat_label"]
     qat, ptq, losses = p["QAT " + q], p[q], r["qat_losses"]
     int8_gap = p["int8 per-channel"] / f32 - 1
@@ -432,6 +432,10 @@ def claims(r: dict) -> list[tuple[str, bool]]:
         out.append((f"GPTQ beats round-to-nearest at INT4 g64: {p['GPTQ int4 g64']:.2f} vs {p['int4 g64']:.2f}",
                     p["GPTQ int4 g64"] < p["int4 g64"]))
     out += [
+        (f"the engine ran your parts ({', '.join(sorted(r['engine_parts'])) or 'none'}): its INT8 and INT4 "
+         "linears quantized by your functions, INT4 weights dequantized by yours in every forward, its FP8 KV cache "
+         "written and read by your codec",
+         bool(r["engine_parts"]) and all(r["engine_parts"].values())),
         (f"the stored INT8 model (Int8Linear) matches its simulation: perplexity {r['stored_int8_ppl']:.3f} vs "
          f"{p['int8 per-channel']:.3f} (within 0.5%)", abs(r["stored_int8_ppl"] / p["int8 per-channel"] - 1) < 0.005),
         (f"stored INT8 saves {r['saved8']:.1%} of the linear layers' FP32 bytes (> 74%), INT4 g64 {r['saved4']:.1%} "

@@ -16,7 +16,7 @@ def good() -> dict:
                 stored_int8_ppl=50.21, saved8=0.749, saved4=0.867, int8_share=0.41, int4_share=0.32,
                 kv_ppl={"fp32": 50.16, "fp16": 50.16, "fp8_e4m3": 51.08, "fp8_e5m2": 51.85, "int8": 50.22},
                 kv_tokens={"fp32": 23301, "fp16": 46603, "bf16": 46603, "fp8_e4m3": 93206, "int8": 90382},
-                kv_budget_gib=1.0)
+                kv_budget_gib=1.0, engine_parts={n: True for n in lab05.QUANT_PARTS})
 
 
 def test_a_good_run_passes(capsys):
@@ -53,6 +53,8 @@ def perturbed(section: str, key, value) -> dict:
     ("kv_ppl", "fp8_e4m3", 60.0, "FP8 E4M3 KV cache: perplexity"),
     ("kv_ppl", "int8", 52.0, "per-vector INT8 KV"),
     ("kv_tokens", "fp8_e4m3", 46603, "check of the model"),                 # a budget counted in 2-byte values
+    ("engine_parts", "kv_cache.fp8_decode", False, "the engine ran your parts"),  # the engine's own codec ran
+    ("engine_parts", None, {}, "the engine ran your parts"),
 ])
 def test_each_claim_fails_on_a_wrong_measurement(section, key, value, message):
     with pytest.raises(AssertionError, match=message):
