@@ -116,3 +116,33 @@ def check_schedule_token_budget(fn: Callable, trials: int = 150, seed: int = 0, 
     parts_check.check_part(PART, fn, trials=trials, seed=seed)
     if submit:
         learner.submit(PART, fn)
+
+
+# --- the lab's closing claims --------------------------------------------------------------------------------
+def claims(r: dict) -> list[tuple[str, bool]]:
+    """Lab 03's claims from the sweep's measurements `r` (built in the notebook's claims cell)."""
+    from lab_utils.checks.claims import need
+
+    need(r, "rows", "chunked_budgets", "runs_complete", "run_tokens", "whole_prompt_tokens", "learners_step")
+    by = {(row["scheduler"], row["budget"]): row for row in r["rows"]}
+    chunked = list(r["chunked_budgets"])
+    worst = {b: by[("continuous", b)]["max_itl_ms"] / by[("token_budget", b)]["max_itl_ms"] for b in chunked}
+    complete, runs = list(r["runs_complete"]), list(r["run_tokens"])
+    return [
+        (f"token budget shortens the worst stall (max ITL) vs prefill-first at every budget that chunks the long "
+         f"prompts ({', '.join(f'{b}: {worst[b]:.1f}x' for b in chunked)})",
+         bool(chunked) and all(w > 1 for w in worst.values())),
+        (f"every request finished, with the tokens it asked for, in all {len(complete)} runs of the sweep",
+         bool(complete) and all(complete)),
+        (f"chunked prefill leaves greedy outputs unchanged: all {len(runs)} chunked runs (both policies, every "
+         f"budget) generated the same tokens as whole-prompt prefill",
+         bool(runs) and all(t == r["whole_prompt_tokens"] for t in runs)),
+        ("these runs used your schedule_token_budget (the engine's part is yours)", bool(r["learners_step"])),
+    ]
+
+
+def assert_claims(r: dict, show: bool = True) -> None:
+    """Print lab 03's claims; AssertionError naming each one that fails."""
+    from lab_utils.checks.claims import report
+
+    report(claims(r), show)

@@ -185,3 +185,33 @@ def check_evict(fn: Callable, trials: int = 150, seed: int = 0, submit: bool = T
              "the evicted block must forget its name: drop it from self.hash_to_block and clear block.hash and "
              "block.token_ids, or a later prompt would hit a block that now holds other tokens")
     _finish(name, fn, trials, seed, submit)
+
+
+# --- the lab's closing claims --------------------------------------------------------------------------------
+def claims(r: dict) -> list[tuple[str, bool]]:
+    """Lab 04's claims from the runs' measurements `r` (built in the notebook's claims cell)."""
+    from lab_utils.checks.claims import need
+
+    need(r, "hit_rate", "mean_ttft_off_ms", "mean_ttft_on_ms", "replay_s_off", "replay_s_on", "hit_rate_by_pool",
+         "replies_identical", "replies", "learners_parts")
+    cut = 1 - r["mean_ttft_on_ms"] / r["mean_ttft_off_ms"]
+    pools = r["hit_rate_by_pool"]
+    small, large = pools[min(pools)], pools[max(pools)]
+    return [
+        (f"hit rate {r['hit_rate']:.2f} >= 0.5 on the shared-prefix workload", r["hit_rate"] >= 0.5),
+        (f"TTFT reduced by {100 * cut:.0f}% >= 30%", cut >= 0.30),
+        (f"the replay finishes faster with caching ({r['replay_s_off'] / r['replay_s_on']:.2f}x)",
+         r["replay_s_on"] < r["replay_s_off"]),
+        (f"memory pressure evicts: hit rate {small:.2f} (smallest pool) < {large:.2f} (largest)", small < large),
+        (f"the cache changes no reply: {r['replies_identical']} of {r['replies']} greedy replies identical with "
+         f"caching off and on", r["replies"] > 0 and r["replies_identical"] == r["replies"]),
+        ("the cached runs used your hash_block, match_prefix, recycle and evict (the engine's parts are yours)",
+         bool(r["learners_parts"])),
+    ]
+
+
+def assert_claims(r: dict, show: bool = True) -> None:
+    """Print lab 04's claims; AssertionError naming each one that fails."""
+    from lab_utils.checks.claims import report
+
+    report(claims(r), show)

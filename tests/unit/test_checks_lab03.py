@@ -103,3 +103,39 @@ def test_not_implemented_propagates():
 
     with pytest.raises(NotImplementedError):
         lab03.check_schedule_token_budget(todo, submit=False)
+
+
+# --- negative controls for the lab's closing claims ------------------------------------------------------------
+def _run() -> dict:
+    rows = [dict(scheduler=s, budget=b, max_itl_ms=ms) for b in (32, 64, 128)
+            for s, ms in (("continuous", 90.0), ("token_budget", 30.0))]
+    toks = {"0": [5, 6, 7], "1": [8, 9]}
+    return dict(rows=rows, chunked_budgets=[32, 64, 128], runs_complete=[True] * 12,
+                run_tokens=[dict(toks) for _ in range(12)], whole_prompt_tokens=toks, learners_step=True)
+
+
+def test_claims_pass_on_a_good_run(capsys):
+    lab03.assert_claims(_run())
+    assert "FAIL" not in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda r: r["rows"][2].update(max_itl_ms=20.0), "shortens the worst stall"),  # prefill-first better at 64
+    (lambda r: r.update(chunked_budgets=[]), "shortens the worst stall"),
+    (lambda r: r["runs_complete"].__setitem__(3, False), "every request finished"),
+    (lambda r: r["run_tokens"][5].update({"1": [8, 10]}), "greedy outputs unchanged"),
+    (lambda r: r.update(run_tokens=[]), "greedy outputs unchanged"),
+    (lambda r: r.update(learners_step=False), "used your schedule_token_budget"),
+])
+def test_each_claim_can_fail(change, message):
+    r = _run()
+    change(r)
+    with pytest.raises(AssertionError, match=message):
+        lab03.assert_claims(r, show=False)
+
+
+def test_claims_name_a_missing_measurement():
+    r = _run()
+    del r["whole_prompt_tokens"]
+    with pytest.raises(KeyError, match="whole_prompt_tokens"):
+        lab03.claims(r)

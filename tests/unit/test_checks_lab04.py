@@ -95,3 +95,32 @@ def test_not_implemented_propagates(part):
     todo.__signature__ = __import__("inspect").signature(mine)
     with pytest.raises(NotImplementedError):
         check(todo, submit=False)
+
+
+# --- negative controls for the lab's closing claims ------------------------------------------------------------
+def _run() -> dict:
+    return dict(hit_rate=0.82, mean_ttft_off_ms=120.0, mean_ttft_on_ms=40.0, replay_s_off=9.0, replay_s_on=6.0,
+                hit_rate_by_pool={12: 0.3, 24: 0.6, 48: 0.82}, replies_identical=18, replies=18, learners_parts=True)
+
+
+def test_claims_pass_on_a_good_run(capsys):
+    lab04.assert_claims(_run())
+    assert "FAIL" not in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("key, value, message", [
+    ("hit_rate", 0.2, "hit rate 0.20 >= 0.5"),
+    ("mean_ttft_on_ms", 100.0, "TTFT reduced"),
+    ("replay_s_on", 9.5, "finishes faster"),
+    ("hit_rate_by_pool", {12: 0.82, 48: 0.82}, "memory pressure evicts"),
+    ("replies_identical", 17, "changes no reply"),
+    ("replies", 0, "changes no reply"),
+    ("learners_parts", False, "used your hash_block"),
+])
+def test_each_claim_can_fail(key, value, message):
+    r = _run()
+    r[key] = value
+    if key == "replies":
+        r["replies_identical"] = 0
+    with pytest.raises(AssertionError, match=message):
+        lab04.assert_claims(r, show=False)
