@@ -11,7 +11,11 @@ from lab_utils.checks import lab05
 from lab_utils.engine.kv_cache import fp8_decode, fp8_encode
 from lab_utils.engine.parts import EngineParts
 from lab_utils.quant.formats import FP8_E4M3
-from lab_utils.quant.linear import dequantize_int4, quantize_per_channel_int8, quantize_per_group_int4
+from lab_utils.quant.linear import (
+    dequantize_int4,
+    quantize_per_channel_int8,
+    quantize_per_group_int4,
+)
 
 
 @pytest.fixture(autouse=True)
