@@ -215,3 +215,12 @@ def assert_claims(r: dict, show: bool = True) -> None:
     from lab_utils.checks.claims import report
 
     report(claims(r), show)
+
+
+def check_commit_full_blocks(fn) -> None:
+    """Your `commit_full_blocks` against the engine's on random pools; then the engine names blocks with it."""
+    from lab_utils import learner
+    from lab_utils.checks.parts_check import check_part
+
+    check_part("block_manager.commit_full_blocks", fn, trials=200)
+    learner.submit("block_manager.commit_full_blocks", fn)

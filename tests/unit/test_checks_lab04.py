@@ -124,3 +124,24 @@ def test_each_claim_can_fail(key, value, message):
         r["replies_identical"] = 0
     with pytest.raises(AssertionError, match=message):
         lab04.assert_claims(r, show=False)
+
+
+def _commits_partial(self, req):
+    """Names the partly filled last block too (rounds up)."""
+    B, parent = self.block_size, None
+    for i in range(min(-(-req.num_computed_tokens // B), len(req.block_table))):
+        ids = tuple(req.token_ids[i * B:(i + 1) * B])
+        parent = self.hash_block(parent, ids)
+        block = self.blocks[req.block_table[i]]
+        if block.hash is None:
+            block.hash, block.token_ids = parent, ids
+            self.hash_to_block.setdefault(parent, block.block_id)
+
+
+def test_check_commit_full_blocks_rejects_a_partial_block_and_accepts_the_reference(tmp_path, monkeypatch):
+    from lab_utils.engine.block_manager import BlockManager
+
+    monkeypatch.setenv("LAB_LEARNER_DIR", str(tmp_path))
+    with pytest.raises(AssertionError, match="only full blocks"):
+        lab04.check_commit_full_blocks(_commits_partial)
+    lab04.check_commit_full_blocks(BlockManager.commit_full_blocks)
