@@ -80,7 +80,7 @@ test-fast: $(STAMP)
 # vLLM's in-process engine rebinds kernels by walking every loaded module and trips over some that the other
 # tests load (sentence-transformers' stack), so its tests get a pytest process of their own, first.
 test: setup
-	$(PY) -m lab_utils student --stats
+	$(PY) -m lab_utils student --stats --min-total 120 --max-exercise 40
 	$(PY) -m pytest tests/unit/test_vllm.py
 	LAB_SMOKE=1 LAB_INTERACTIVE=0 $(PY) -m pytest tests labs --ignore=tests/unit/test_vllm.py $(PYTEST_NB) --durations=15
 	# bf16 rehearsal: the labs whose claims depend on the model's dtype, with the model in bfloat16 as on a GPU
