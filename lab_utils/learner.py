@@ -33,6 +33,7 @@ _HEADER = '''"""Your {component} parts, written in the labs and saved by `lab_ut
 Edit them in the lab's exercise cell (and submit again), or here; the engine loads this file."""
 from __future__ import annotations
 
+import json
 import math
 from collections import deque
 

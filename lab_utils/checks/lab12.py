@@ -86,6 +86,231 @@ def check_latencies(fn: Callable[[float, list[float]], tuple[float, list[float]]
     print("check_latencies passed: TTFT and ITL match on 20 random streams")
 
 
+# --- the server's streaming loop ---------------------------------------------------------------------------
+
+
+class _Out:
+    """A stand-in for RequestOutput: what the loop may look at."""
+
+    def __init__(self, i: int, finished: bool, reason: str | None = None) -> None:
+        self.request_id, self.new_token_ids, self.finished = "r", [100 + i], finished
+        self.finish_reason = reason if finished else None
+
+
+def _chunk(out) -> dict:
+    if out.finish_reason and out.finish_reason.startswith("error"):
+        return {"error": {"message": out.finish_reason}}
+    return {"choices": [{"token_ids": out.new_token_ids, "finish_reason": out.finish_reason}]}
+
+
+def _format_hint(got: list, want: list) -> str:
+    for g, w in zip(got, want):
+        if g == w:
+            continue
+        if not isinstance(g, str):
+            return f"yield str lines, got {type(g).__name__}"
+        if g.rstrip("\n") == w.rstrip("\n"):
+            return "an SSE event ends with a blank line: 'data: ...\\n\\n' (two newlines)"
+        if g.startswith("data:") and not g.startswith("data: "):
+            return "write 'data: ' with a space, as OpenAI and vLLM do"
+        if "'" in g and '"' not in g:
+            return "the payload is JSON: json.dumps(to_chunk(out)), not str()"
+        if "[DONE]" in w:
+            return "after the last output, end the stream with 'data: [DONE]\\n\\n'"
+        return ""
+    if len(got) < len(want):
+        return ("end the stream with 'data: [DONE]\\n\\n'" if len(got) == len(want) - 1
+                else "one event per engine output, none skipped")
+    return "nothing after 'data: [DONE]' (and one event per output)"
+
+
+async def _fake_outputs(n: int, reason: str = "length", hang_after: int | None = None, fail_after: int | None = None):
+    import asyncio
+
+    for i in range(n):
+        await asyncio.sleep(0)
+        if hang_after is not None and i == hang_after:
+            await asyncio.Event().wait()  # a client that stays while the engine is slow: only a cancel ends this
+        if fail_after is not None and i == fail_after:
+            raise RuntimeError("the engine failed")
+        yield _Out(i, i == n - 1, reason)
+
+
+def _run_async(make: Callable):
+    """Run the coroutine `make()` to its end: here, or (in a notebook, whose event loop is already running) on a
+    thread of its own; its exception, if any, is raised here."""
+    import asyncio
+    import threading
+
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(make())
+    box: dict = {}
+
+    def target() -> None:
+        try:
+            box["value"] = asyncio.run(make())
+        except BaseException as err:  # noqa: BLE001 - re-raised in the caller's thread
+            box["error"] = err
+
+    thread = threading.Thread(target=target, name="lab12-check")
+    thread.start()
+    thread.join()
+    if "error" in box:
+        raise box["error"]
+    return box.get("value")
+
+
+def check_stream_sse(fn: Callable, seed: int | None = 0) -> None:
+    """`fn(outputs, to_chunk, abort)`, an async generator of SSE lines: on fake streams (whole ones, a failed
+    request, a client that leaves after k events, one cancelled while it waits for the engine, an engine that
+    raises), then in the real `AsyncEngine` over a tiny engine: a client that leaves must free the request's
+    blocks. Submits `fn` when it passes."""
+    import asyncio
+    import inspect as insp
+
+    from lab_utils import learner
+
+    if not insp.isasyncgenfunction(fn):
+        if insp.iscoroutinefunction(fn):  # the learner copy's stub: `raise NotImplementedError(...)`, no yield
+            try:
+                _run_async(lambda: fn(_fake_outputs(1), _chunk, lambda: None))
+            except NotImplementedError:
+                raise
+            except Exception:  # noqa: BLE001 - not an async generator either way
+                pass
+        raise AssertionError("write an async generator: `async def stream_sse(...)` with `yield` inside (the "
+                             "server iterates it with `async for`)")
+    rng = random.Random(seed)
+
+    async def run_all() -> None:
+        for trial in range(12):
+            n, reason = rng.randint(1, 6), rng.choice(["length", "stop", "error: the engine failed on this request"])
+            aborts: list[int] = []
+            got = [line async for line in fn(_fake_outputs(n, reason), _chunk, lambda: aborts.append(1))]
+            outs = [_Out(i, i == n - 1, reason) for i in range(n)]
+            want = [f"data: {json.dumps(_chunk(o))}\n\n" for o in outs] + ["data: [DONE]\n\n"]
+            if got != want:
+                first = next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), min(len(got), len(want)))
+                raise AssertionError(
+                    f"a whole stream of {n} outputs (finish reason {reason!r}): line {first} is "
+                    f"{got[first] if first < len(got) else '(missing)'!r}, expected "
+                    f"{want[first] if first < len(want) else '(nothing)'!r}\n   hint: {_format_hint(got, want)}")
+            # a client that leaves after k events: the server closes the generator (GeneratorExit)
+            k = rng.randint(1, max(n - 1, 1))
+            if n > 1:
+                aborts = []
+                agen = fn(_fake_outputs(n), _chunk, lambda: aborts.append(1))
+                for _ in range(k):
+                    await agen.__anext__()
+                await agen.aclose()
+                if len(aborts) != 1:
+                    raise AssertionError(
+                        f"a client left after {k} of {n} events (the server closed your generator): abort() was "
+                        f"called {len(aborts)} times, expected once\n   hint: "
+                        + ("the request is still running in the engine and holds its KV blocks: call abort() when the "
+                           "loop is left before the request finished; leaving shows up as GeneratorExit or "
+                           "CancelledError, which are not Exceptions: use try/finally" if not aborts else
+                           "abort once"))
+        # a client that leaves while the loop waits for the engine: the server cancels the task (CancelledError)
+        aborts = []
+
+        async def consume(agen, seen):
+            async for line in agen:
+                seen.append(line)
+
+        seen: list[str] = []
+        task = asyncio.ensure_future(consume(fn(_fake_outputs(5, hang_after=2), _chunk, lambda: aborts.append(1)),
+                                             seen))
+        for _ in range(50):
+            await asyncio.sleep(0)
+        task.cancel()
+        try:
+            await task
+        except asyncio.CancelledError:
+            pass
+        except Exception as err:  # noqa: BLE001 - reported in the learner's terms
+            raise AssertionError(f"a client left while your loop waited for the engine: it raised "
+                                 f"{type(err).__name__}: {err}") from None
+        if len(aborts) != 1 or len(seen) != 2:
+            raise AssertionError(
+                f"a client left (the task was cancelled) while your loop waited for the engine's third output: "
+                f"{len(seen)} events sent (expected 2), abort() called {len(aborts)} times (expected once)\n   hint: "
+                "a cancel raises CancelledError at the `async for`; abort in a finally block, and do not swallow it")
+        # the engine failing: the exception must reach the server (it sends the client an error event)
+        aborts = []
+        try:
+            [line async for line in fn(_fake_outputs(5, fail_after=2), _chunk, lambda: aborts.append(1))]
+        except RuntimeError:
+            pass
+        else:
+            raise AssertionError("the engine's outputs raised an error and your loop swallowed it: let it propagate "
+                                 "(the server turns it into an error event for the client)")
+
+    _run_async(run_all)
+    freed = _stream_in_engine(fn)
+    print(f"✔ check_stream_sse: SSE lines, [DONE] and abort-on-disconnect right on fake streams; in the real "
+          f"AsyncEngine a client that left after 3 events freed its request's {freed} KV blocks")
+    learner.submit("server.stream_sse", fn)
+
+
+def _stream_in_engine(fn: Callable) -> int:
+    """The learner's loop on the real AsyncEngine (tiny random model): a full stream, then a client that leaves
+    after 3 events; returns how many blocks the leaver held (all must come back)."""
+    import asyncio
+    import time
+
+    import torch
+
+    from lab_utils.engine.config import EngineConfig
+    from lab_utils.engine.engine import LLMEngine
+    from lab_utils.engine.sampling_params import SamplingParams
+    from lab_utils.models.loader import build_random
+    from lab_utils.models.registry import REGISTRY
+    from lab_utils.server.async_engine import AsyncEngine
+
+    model = build_random(REGISTRY["tiny-random"].config, seed=0).eval()
+    engine = LLMEngine((model, None), EngineConfig(max_num_seqs=4, block_size=4, num_gpu_blocks=64,
+                                                   max_model_len=256, enable_prefix_caching=False), device="cpu")
+    aengine = AsyncEngine(engine)
+    prompt = torch.randint(0, 1000, (12,), generator=torch.Generator().manual_seed(0)).tolist()
+
+    async def main() -> int:
+        stream = aengine.add(prompt, SamplingParams(max_tokens=6, ignore_eos=True, temperature=0.0))
+        lines = [line async for line in fn(aengine.outputs(stream, abort_on_exit=False), _chunk,
+                                           lambda: aengine.abort(stream.request_id))]
+        events = [json.loads(x[len("data: "):]) for x in lines if x.startswith("data: {")]
+        ntok = sum(len(e["choices"][0]["token_ids"]) for e in events)
+        if ntok != 6 or lines[-1:] != ["data: [DONE]\n\n"]:
+            raise AssertionError(f"in the real engine, a 6-token request streamed {ntok} tokens in {len(events)} "
+                                 f"events, last line {lines[-1:]}: one event per output, then [DONE]")
+        stream = aengine.add(prompt, SamplingParams(max_tokens=200, ignore_eos=True, temperature=0.0))
+        agen = fn(aengine.outputs(stream, abort_on_exit=False), _chunk, lambda: aengine.abort(stream.request_id))
+        for _ in range(3):
+            await agen.__anext__()
+        held = len(engine.requests[stream.request_id].block_table)
+        await agen.aclose()  # what the server does when the client disconnects
+        deadline = time.monotonic() + 10
+        while engine.has_unfinished() and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+        req = engine.requests[stream.request_id]
+        if engine.has_unfinished() or req.num_output_tokens >= 200:
+            raise AssertionError(f"in the real engine, a client left after 3 events but its request kept decoding "
+                                 f"({req.num_output_tokens} of 200 tokens, status {req.status.name}) and kept its "
+                                 f"{held} KV blocks: call abort() when the loop is left early")
+        return held
+
+    try:
+        held = _run_async(main)
+    finally:
+        aengine.shutdown()
+    used = engine.stats()["num_blocks_used"]
+    if used:
+        raise AssertionError(f"after the client left and its request was aborted, {used} KV blocks are still in use")
+    return held
+
+
 # --- the lab's closing claims --------------------------------------------------------------------------------
 
 
@@ -97,12 +322,18 @@ def claims(r: dict) -> list[tuple[str, bool]]:
     requests."""
     from lab_utils.checks.claims import need
 
-    need(r, "expected_tokens", "got_tokens", "n_requests", "server_ttft_count", "server_ttft_mean_s",
+    need(r, "disconnect", "expected_tokens", "got_tokens", "n_requests", "server_ttft_count", "server_ttft_mean_s",
          "client_ttft_mean_s", "kv_usage_after")
+    d = r["disconnect"]
     exp, got = list(r["expected_tokens"]), list(r["got_tokens"])
     lost = [i for i, (a, b) in enumerate(zip(exp, got)) if a != b] + list(range(min(len(exp), len(got)), max(len(exp), len(got))))
     cm, sm = r["client_ttft_mean_s"], r["server_ttft_mean_s"]
     return [
+        (f"measured: a client that hung up after 3 events had its request aborted by your stream_sse in the server "
+         f"({d['aborted']:.0f} aborted; running {d['running_during']:.0f} -> {d['running_after']:.0f}) and its KV "
+         f"blocks freed (usage {d['kv_during']:.4f} -> {d['kv_after']:.4f}, {d['freed_s'] * 1e3:.0f} ms)",
+         bool(d["your_loop"]) and d["aborted"] == 1 and d["kv_during"] > 0 and d["kv_after"] == 0
+         and d["running_after"] == 0),
         (f"every request streamed every token ({len(got)} requests; wrong counts at {lost[:5]})", not lost),
         (f"the server's TTFT histogram counted each of the {r['n_requests']} benchmark requests once (counted "
          f"{r['server_ttft_count']:.0f})", r["server_ttft_count"] == r["n_requests"]),

@@ -108,6 +108,9 @@ PARTS.update({p.name: p for p in [
     Part("disagg.resume_prefilled", "10", "(req, first_token, kv) -> None",
          "decode side: a fresh request becomes the prefilled one (first token, prompt computed, swapped-in KV)",
          ref="lab_utils.disagg.workers:resume_prefilled"),
+    Part("server.stream_sse", "12", "(outputs, to_chunk, abort) -> AsyncIterator[str]",
+         "the server's streaming loop: one SSE event per engine output, then [DONE]; abort() if the client left",
+         ref="lab_utils.server.streaming:stream_sse"),
 ]})
 
 

@@ -24,6 +24,7 @@ from lab_utils.server.async_engine import AsyncEngine, EngineDeadError, QueueFul
 from lab_utils.server.guard import DEFAULT_MAX_BODY_BYTES, RequestGuard
 from lab_utils.server.metrics import ServerMetrics
 from lab_utils.server.stream_text import StreamText
+from lab_utils.server.streaming import load_stream_part
 
 RETRY_AFTER_S = 1  # what a 503 "queue full" asks the client to wait
 
@@ -76,12 +77,16 @@ class ChatRequest(_Common):
 
 
 def create_app(engine: LLMEngine, model_name: str, max_tokens_cap: int = 1024, api_key: str | None = None,
-               max_waiting: int | None = 1024, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> FastAPI:
-    """The app over one engine. `max_waiting` bounds the queue (None: unbounded); `max_body_bytes` the body."""
+               max_waiting: int | None = 1024, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+               learner_parts=()) -> FastAPI:
+    """The app over one engine. `max_waiting` bounds the queue (None: unbounded); `max_body_bytes` the body;
+    `learner_parts` (["server.stream_sse"]): the streaming loop is the learner's, loaded from my_engine/."""
     app = FastAPI(title="LLM Serving Lab server")
     engine.keep_history = False  # the server runs for days: no per-step timeline, no table of ended requests
     aengine = AsyncEngine(engine, max_waiting=max_waiting)
     metrics = ServerMetrics(engine)
+    stream_fn, stream_parts = load_stream_part(learner_parts)
+    metrics.learner_parts(stream_parts)
     aengine.on_output = metrics.observe
     aengine.on_step_failure = metrics.step_failed
     app.state.engine, app.state.async_engine, app.state.metrics = engine, aengine, metrics
@@ -173,32 +178,41 @@ def create_app(engine: LLMEngine, model_name: str, max_tokens_cap: int = 1024, a
                                             "max_model_len": engine.max_model_len}]}
 
     async def sse(stream: Stream, stops: list[str], kind: str, rid: str, created: int):
-        """Yield SSE lines in OpenAI's chunk format; the chunks' text adds up to the non-streamed text."""
+        """SSE lines in OpenAI's chunk format, from the streaming loop (`streaming.stream_sse`, or the learner's);
+        the chunks' text adds up to the non-streamed text."""
         text = StreamText(engine.tokenizer, stops)
         obj = "chat.completion.chunk" if kind == "chat" else "text_completion"
+
+        def to_chunk(out) -> dict:
+            if out.finished and out.finish_reason and out.finish_reason.startswith("error"):
+                return {"error": {"message": out.finish_reason, "type": "server_error", "param": None, "code": 500}}
+            delta = text.delta(out.new_token_ids)
+            if out.finished:
+                delta += text.final(out.text)
+            if kind == "chat":
+                choice = {"index": 0, "delta": {"content": delta}, "finish_reason": None}
+            else:
+                choice = {"index": 0, "text": delta, "finish_reason": None}
+            choice["token_ids"] = out.new_token_ids  # as vLLM's return_token_ids: exact token accounting
+            if out.finished:
+                choice["finish_reason"] = _finish(out.finish_reason)
+            chunk = {"id": rid, "object": obj, "created": created, "model": model_name, "choices": [choice]}
+            if out.finished:
+                chunk["usage"] = _usage(out)
+            return chunk
+
         try:
-            async for out in aengine.outputs(stream):
-                if out.finished and out.finish_reason and out.finish_reason.startswith("error"):
-                    failure = {"message": out.finish_reason, "type": "server_error", "param": None, "code": 500}
-                    yield f"data: {json.dumps({'error': failure})}\n\n"
-                    break
-                delta = text.delta(out.new_token_ids)
-                if out.finished:
-                    delta += text.final(out.text)
-                if kind == "chat":
-                    choice = {"index": 0, "delta": {"content": delta}, "finish_reason": None}
-                else:
-                    choice = {"index": 0, "text": delta, "finish_reason": None}
-                choice["token_ids"] = out.new_token_ids  # as vLLM's return_token_ids: exact token accounting
-                if out.finished:
-                    choice["finish_reason"] = _finish(out.finish_reason)
-                chunk = {"id": rid, "object": obj, "created": created, "model": model_name, "choices": [choice]}
-                if out.finished:
-                    chunk["usage"] = _usage(out)
-                yield f"data: {json.dumps(chunk)}\n\n"
+            async for line in stream_fn(aengine.outputs(stream, abort_on_exit=False), to_chunk,
+                                        lambda: aengine.abort(stream.request_id)):
+                yield line
         except EngineDeadError as exc:
             yield f"data: {json.dumps({'error': {'message': str(exc), 'type': 'server_error', 'code': 500}})}\n\n"
-        yield "data: [DONE]\n\n"
+            yield "data: [DONE]\n\n"
+        except Exception as exc:  # a learner's loop that raised: the client is told, the request is ended
+            aengine.abort(stream.request_id)
+            why = f"the streaming loop ({stream_parts or 'reference'}) raised {type(exc).__name__}: {exc}"
+            yield f"data: {json.dumps({'error': {'message': why, 'type': 'server_error', 'code': 500}})}\n\n"
+            yield "data: [DONE]\n\n"
 
     async def complete(ids: list[int], params: SamplingParams, kind: str, stream: bool, param: str):
         handle = submit(ids, params, param)

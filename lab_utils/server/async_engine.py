@@ -195,8 +195,9 @@ class AsyncEngine:
         self._wake.set()
         return stream
 
-    async def outputs(self, stream: Stream):
-        """Async iterator of RequestOutput for a request from `add()`; aborts it if the consumer stops early."""
+    async def outputs(self, stream: Stream, abort_on_exit: bool = True):
+        """Async iterator of RequestOutput for a request from `add()`; aborts it if the consumer stops early
+        (unless `abort_on_exit` is False: then the consumer does, as the streaming loop `stream_sse`)."""
         finished = False
         try:
             while True:
@@ -208,7 +209,7 @@ class AsyncEngine:
                 if finished:
                     return
         finally:
-            if not finished:
+            if not finished and abort_on_exit:
                 self.abort(stream.request_id)
 
     async def generate(self, prompt: str | list[int], params: SamplingParams):

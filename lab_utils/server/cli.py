@@ -19,6 +19,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="requests that may wait for the engine; more get 503 with Retry-After (0: no bound)")
     p.add_argument("--max-body-bytes", type=int, default=DEFAULT_MAX_BODY_BYTES,
                    help="largest request body; larger ones get 413")
+    p.add_argument("--learner-parts", nargs="*", default=[], metavar="PART",
+                   help="server parts to load from my_engine/ (LAB_LEARNER_DIR) in place of the reference: "
+                        "server.stream_sse")
     p.set_defaults(func=serve)
 
 
@@ -32,7 +35,8 @@ def serve(args: argparse.Namespace) -> int:
     if engine.device.type == "cuda":  # as vLLM at start-up: compile and capture before the first request
         engine.warmup()
     app = create_app(engine, args.served_model_name or args.model, args.max_tokens_cap, args.api_key,
-                     max_waiting=args.max_waiting or None, max_body_bytes=args.max_body_bytes)
+                     max_waiting=args.max_waiting or None, max_body_bytes=args.max_body_bytes,
+                     learner_parts=args.learner_parts)
     print(f"serving {args.model} on http://{args.host}:{args.port}/v1", flush=True)
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
     return 0

@@ -30,7 +30,13 @@ class ServerMetrics:
                                         registry=r)
         self.rejections = Counter("lab:requests_rejected", "Requests refused before the engine (4xx, 503)",
                                   ["status"], registry=r)
+        self.learner_part = Gauge("lab:learner_part", "1 for each server part that is the learner's", ["part"],
+                                  registry=r)
         self._seen_tokens: dict[str, int] = {}
+
+    def learner_parts(self, names) -> None:
+        for name in names:
+            self.learner_part.labels(name).set(1)
 
     def step_failed(self, num_requests_ended: int) -> None:
         self.step_failures.inc()

@@ -71,3 +71,113 @@ def test_latencies_reject_ttft_as_first_gap():
 
     with pytest.raises(AssertionError, match="TTFT"):
         lab12.check_latencies(bad, seed=4)
+
+
+# --- the server's streaming loop --------------------------------------------------------------------------------
+import json  # noqa: E402
+
+from lab_utils.server.streaming import stream_sse  # noqa: E402
+
+
+@pytest.fixture
+def learner_dir(tmp_path, monkeypatch):
+    from lab_utils import learner
+
+    monkeypatch.setenv("LAB_LEARNER_DIR", str(tmp_path / "my_engine"))
+    yield tmp_path / "my_engine"
+    learner.forget()
+
+
+def test_stream_checker_accepts_the_reference_and_submits(learner_dir, capsys):
+    lab12.check_stream_sse(stream_sse)
+    assert "✔ check_stream_sse" in capsys.readouterr().out
+    assert "async def stream_sse(" in (learner_dir / "server.py").read_text()
+
+
+async def _never_aborts(outputs, to_chunk, abort):
+    async for out in outputs:
+        yield f"data: {json.dumps(to_chunk(out))}\n\n"
+    yield "data: [DONE]\n\n"
+
+
+async def _aborts_on_exception_only(outputs, to_chunk, abort):
+    try:
+        async for out in outputs:
+            yield f"data: {json.dumps(to_chunk(out))}\n\n"
+        yield "data: [DONE]\n\n"
+    except Exception:
+        abort()
+        raise
+
+
+async def _one_newline(outputs, to_chunk, abort):
+    try:
+        async for out in outputs:
+            yield f"data: {json.dumps(to_chunk(out))}\n"
+            if out.finished:
+                return
+    finally:
+        pass
+
+
+async def _no_done(outputs, to_chunk, abort):
+    finished = False
+    try:
+        async for out in outputs:
+            yield f"data: {json.dumps(to_chunk(out))}\n\n"
+            finished = out.finished
+    finally:
+        if not finished:
+            abort()
+
+
+async def _python_repr(outputs, to_chunk, abort):
+    finished = False
+    try:
+        async for out in outputs:
+            yield f"data: {to_chunk(out)}\n\n"
+            finished = out.finished
+        yield "data: [DONE]\n\n"
+    finally:
+        if not finished:
+            abort()
+
+
+async def _swallows_errors(outputs, to_chunk, abort):
+    finished = False
+    try:
+        async for out in outputs:
+            yield f"data: {json.dumps(to_chunk(out))}\n\n"
+            finished = out.finished
+        yield "data: [DONE]\n\n"
+    except RuntimeError:
+        pass
+    finally:
+        if not finished:
+            abort()
+
+
+def _not_a_generator(outputs, to_chunk, abort):
+    return [f"data: {json.dumps(to_chunk(o))}\n\n" for o in outputs]
+
+
+@pytest.mark.parametrize("bad, msg", [
+    (_never_aborts, "still running in the engine"),
+    (_aborts_on_exception_only, "not Exceptions: use try/finally"),
+    (_one_newline, "blank line"),
+    (_no_done, r"data: \[DONE\]"),
+    (_python_repr, "json.dumps"),
+    (_swallows_errors, "swallowed"),
+    (_not_a_generator, "async generator"),
+])
+def test_stream_checker_rejects_mistakes(bad, msg, learner_dir):
+    with pytest.raises(AssertionError, match=msg):
+        lab12.check_stream_sse(bad)
+
+
+def test_stream_checker_lets_the_stub_through(learner_dir):
+    async def stream(outputs, to_chunk, abort):
+        raise NotImplementedError("write the loop")
+
+    with pytest.raises(NotImplementedError):
+        lab12.check_stream_sse(stream)
