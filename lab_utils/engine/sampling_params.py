@@ -12,6 +12,9 @@ from dataclasses import dataclass, field
 from lab_utils.engine.structured_params import StructuredOutputParams
 
 MIN_TEMPERATURE = 1e-2  # as vLLM: 0 < t < 0.01 is raised to 0.01 (logits / t would overflow to inf, then NaN)
+# top_p below this keeps only the most likely token, as any smaller top_p would (that token's probability is
+# >= 1/vocab); raising it keeps the sampler's float32 comparison from rounding a top_p like 1e-181 to 0
+MIN_TOP_P = 1e-6
 SEED_RANGE = (-(1 << 63), (1 << 63) - 1)  # a torch.Generator seed is a signed 64-bit integer
 MAX_STOP_STRINGS = 16
 
@@ -62,6 +65,7 @@ class SamplingParams:
         self.temperature, self.top_p = float(self.temperature), float(self.top_p)
         if 0.0 < self.temperature < MIN_TEMPERATURE:
             self.temperature = MIN_TEMPERATURE
+        self.top_p = max(self.top_p, MIN_TOP_P)
         self.stop, self.stop_token_ids = list(self.stop), [int(t) for t in self.stop_token_ids]
 
     @property

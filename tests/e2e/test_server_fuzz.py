@@ -53,6 +53,8 @@ def test_no_input_gets_a_5xx(api_schema, method, path, mode):
     @settings(max_examples=MAX_EXAMPLES, deadline=None, derandomize=True, database=None,
               suppress_health_check=list(HealthCheck))
     def check(case):
+        if isinstance(case.body, dict) and isinstance(case.body.get("model"), str):
+            case.body["model"] = MODEL  # a random name only ever meets the 404: aim past it, at the engine
         response = case.call(headers=H)
         case.validate_response(response, checks=[not_a_server_error])
 

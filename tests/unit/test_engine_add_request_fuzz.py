@@ -31,7 +31,7 @@ fields = st.fixed_dictionaries({}, optional={
     "max_tokens": st.one_of(st.integers(-2, 80), st.floats(allow_nan=True), st.booleans()),
     "temperature": st.one_of(st.floats(allow_nan=True, allow_infinity=True), st.sampled_from([0.0, 1e-30, 0.5, 2.0])),
     "top_k": st.one_of(st.integers(-2, VOCAB + 5), st.floats(0, 5)),
-    "top_p": st.one_of(st.floats(allow_nan=True, allow_infinity=True), st.sampled_from([1e-9, 0.5, 1.0])),
+    "top_p": st.one_of(st.floats(allow_nan=True, allow_infinity=True), st.sampled_from([5e-324, 1e-181, 1e-9, 0.5, 1.0])),
     "seed": st.one_of(st.none(), st.integers(-(2 ** 65), 2 ** 65)),
     "stop": st.one_of(st.text(max_size=3), st.lists(st.text(max_size=3), max_size=3), st.integers()),
     "stop_token_ids": st.lists(st.one_of(st.integers(-2, VOCAB + 2), st.text(max_size=1)), max_size=3),
@@ -76,3 +76,12 @@ def test_out_of_vocabulary_ids_are_refused_by_name(engine):
         with pytest.raises(ValueError, match=word.replace("[", r"\[").replace("]", r"\]")):
             engine.add_request(bad, SamplingParams(max_tokens=2))
     assert not engine.has_unfinished()
+
+
+def test_a_tiny_top_p_samples_the_most_likely_token(engine):
+    """top_p=1e-181 is 0 in float32: unclamped, the sampler dropped every token and sampled from NaNs (found by
+    the API fuzzer). It must act as top_p -> 0: the most likely token, every time."""
+    greedy = engine.generate([[5, 6, 7]], SamplingParams(max_tokens=6, ignore_eos=True))[0].token_ids
+    tiny = engine.generate([[5, 6, 7]], SamplingParams(max_tokens=6, ignore_eos=True, temperature=1.0, top_p=1e-181,
+                                                       seed=3))[0].token_ids
+    assert tiny == greedy
