@@ -110,7 +110,53 @@ def check_accept_reject(fn: Callable, seed: int | None = None, cases: int = 60) 
     learner.submit("spec.accept_reject", fn)
 
 
-# --- exercise 3: the rollback ----------------------------------------------------------------------------------
+VERIFY_PARTS = ("spec.residual", "spec.accept_reject", "spec.verify_greedy", "spec.rollback")  # lab 07's parts
+
+
+# --- exercise 3: greedy verify ---------------------------------------------------------------------------------
+def check_verify_greedy(fn: Callable, cases: int = 80, seed: int | None = None) -> None:
+    """`fn(logits [k+1, V], draft [k]) -> tokens`: keep guess i while it equals the argmax of row i, stop at the
+    first that does not and append that row's argmax (the correction); all kept: append row k's argmax (the bonus)."""
+    from lab_utils.spec.verify import verify_greedy
+
+    gen = _seed(seed)
+    for c in range(cases):
+        k, V = int(torch.randint(1, 6, (), generator=gen)), int(torch.randint(3, 30, (), generator=gen))
+        logits = torch.randn(k + 1, V, generator=gen)
+        best = logits.argmax(-1).tolist()
+        stop = int(torch.randint(0, k + 1, (), generator=gen))  # guesses before it agree, the one at it does not
+        draft = [best[i] if i < stop else (best[i] + 1 + int(torch.randint(0, V - 1, (), generator=gen))) % V
+                 for i in range(k)]
+        if c % 4 == 0:  # some later guesses agree again after a mismatch: the walk must have stopped
+            draft = [best[i] if i != stop else draft[i] for i in range(k)]
+        want = verify_greedy(logits.clone(), list(draft))
+        got = fn(logits.clone(), list(draft))
+        try:
+            got = [int(t) for t in got]
+        except (TypeError, ValueError):
+            raise AssertionError(f"case {c}: return a list of token ids, got {type(got).__name__}") from None
+        if got == want:
+            continue
+        n = len(want) - 1
+        if n == k and got == want[:-1]:
+            hint = f"all {k} guesses were kept: append the bonus token, the argmax of the last row (logits[{k}])"
+        elif len(got) == len(want) and got[:-1] == want[:-1] and got[-1] == draft[min(n, k - 1)]:
+            hint = "at the first mismatch append the target's argmax there (the correction), not the rejected guess"
+        elif len(got) > len(want) and got[:len(want)] == want:
+            hint = "stop at the first guess that is not the argmax: later guesses were made after a wrong token"
+        elif got[:n] == want[:n] and len(got) == len(want):
+            hint = "row i of the logits scores guess i (row 0 is the last real token's): compare guess i with row i"
+        else:
+            hint = "keep guess i while it equals logits[i].argmax(), then append the argmax of the row where you stopped"
+        raise AssertionError(f"case {c}: argmax per row {best}, guesses {draft}\n   returned {got}\n   expected {want}"
+                             f"\n   hint: {hint}")
+    print(f"check_verify_greedy passed: {cases} chains (all kept, early and late mismatches)")
+    from lab_utils import learner
+
+    learner.submit("spec.verify_greedy", fn)
+
+
+# --- exercise 4: the rollback ----------------------------------------------------------------------------------
 def _verified_state(seed: int):
     """A scheduler mid-run (lab 01-04's random states) and one running request right after a verify step: k
     guesses appended, blocks grown for them, every row computed. None if no request can take guesses."""
@@ -288,7 +334,8 @@ def check_verify_in_engine(parts, num_requests: int = 8, k: int = 3, seed: int =
                          f"{len(bad)} of {num_requests} requests (first: request {bad[0]}: {you_t[bad[0]][:8]}... vs "
                          f"{ref_t[bad[0]][:8]}...)")
         assert (you_a, you_n) == (ref_a, ref_n), (
-            f"{mode}: your verify step kept {you_a} of {you_n} guesses, the engine's own {ref_a} of {ref_n}")
+            f"{mode}: your verify step kept {you_a} of {you_n} guesses, the engine's own {ref_a} of {ref_n} (the "
+            f"tokens can still be right when a step yields fewer than it should, e.g. without its bonus token)")
         held = next((i for i, (x, y) in enumerate(zip(ref_f, you_f)) if x != y), None)
         assert held is None and len(ref_f) == len(you_f), (
             f"{mode}: after step {held} the engine with your parts had {you_f[held]} free KV blocks, with its own "
@@ -318,7 +365,7 @@ def claims(r: dict) -> list[tuple[str, bool]]:
     from lab_utils.checks.claims import need
 
     need(r, "chi2_good", "chi2_bad", "chi2_crit", "worst_z", "gammas", "gaps", "n_configs", "ngram_speedup",
-         "verify_cost_ratio", "acceptance", "speedup")
+         "verify_cost_ratio", "acceptance", "speedup", "verify_parts", "verify_steps")
     crit, gaps = r["chi2_crit"], r["gaps"]
     worst_gap = max((g for v in gaps.values() for g in v), default=0.0)
     best_k = max(r["ngram_speedup"], key=r["ngram_speedup"].get)
@@ -332,6 +379,9 @@ def claims(r: dict) -> list[tuple[str, bool]]:
          r["worst_z"] < 4),
         (f"greedy output token-identical to plain decoding for {r['n_configs']} speculative configurations, apart "
          f"from near-ties < {NEAR_TIE:g} (worst gap at a difference: {worst_gap:.2g})", worst_gap < NEAR_TIE),
+        (f"the engines' verify step ran your parts ({', '.join(sorted(r['verify_parts'])) or 'none'}) in "
+         f"{r['verify_steps']} verify steps", bool(r["verify_parts"]) and all(r["verify_parts"].values())
+         and r["verify_steps"] > 0),
         (f"n-gram lookup pays at batch 1 on copy-heavy prompts: {best:.2f}x wall-time speed-up (k={best_k}); a "
          f"5-token pass costs {r['verify_cost_ratio']:.1f}x a 1-token pass here", best > 1.0),
     ]

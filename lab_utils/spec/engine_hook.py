@@ -9,7 +9,7 @@ slots are simply overwritten later) and blocks that only held rejected guesses g
 engine appends the accepted tokens + the correction/bonus token with its usual stop checks, and commits to the
 prefix cache only after the rollback, so only blocks of verified tokens are ever shared.
 
-The walk (`accept_reject`, with its `residual`) and the `rollback` are lab 07's parts: `SpecDecoder` takes the
+The walk (`accept_reject`, with its `residual`), the greedy `verify_greedy` and the `rollback` are lab 07's parts: `SpecDecoder` takes the
 learner's versions from the engine's `EngineParts`.
 
 Limits, on purpose: one chain per request (no tree attention); guesses never cause preemption (if the blocks
@@ -98,6 +98,7 @@ class SpecDecoder:
             def walk(p, q, draft, u):
                 return accept_reject(p, q, draft, u, residual=mine)
         self.walk = walk
+        self.greedy = parts.function("spec.verify_greedy", None) if parts is not None else None
         self.rollback = parts.function("spec.rollback", rollback) if parts is not None else rollback
 
     def plan(self, scheduled: list[tuple[Request, int]], budget: int) -> tuple[dict[str, Proposal], list[int]]:
@@ -167,16 +168,18 @@ class SpecDecoder:
 
     def _verify_one(self, req: Request, prop: Proposal, logits: torch.Tensor) -> list[int]:
         guesses = prop.token_ids
-        if req.params.greedy:
+        if req.params.greedy and self.greedy is not None:
+            toks = [int(t) for t in self.greedy(logits, list(guesses))]
+        elif req.params.greedy:
             toks = verify_greedy(logits, guesses, self.walk)
         else:
             toks = verify_sampling(target_probs(logits, req.params), guesses, prop.probs, req.generator, self.walk)
         accepted = len(toks) - 1
-        if not 0 <= accepted <= len(guesses):
+        if not 0 <= accepted <= len(guesses) or toks[:accepted] != list(guesses[:accepted]):
             from lab_utils.engine.parts import LearnerPartError
 
-            raise LearnerPartError(f"the verify step kept {accepted} of {len(guesses)} guesses: n_accepted must be "
-                                   f"in 0..{len(guesses)}")
+            raise LearnerPartError(f"the verify step returned {toks} for the guesses {list(guesses)}: the kept guesses "
+                                   f"(0..{len(guesses)} of them, in order) and then one token")
         self.rollback(req, self.bm, len(guesses), accepted)  # KV of the rejected guesses is now garbage
         self.stats.record(len(guesses), accepted)
         self.proposer.on_accept(req.request_id, accepted)

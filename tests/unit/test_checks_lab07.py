@@ -139,7 +139,55 @@ def test_rollback_names_each_mistake(kw, message):
 
 
 # --- the verify step in the engine ---------------------------------------------------------------------------
-MINE = {"spec.residual": good_residual, "spec.accept_reject": good_accept_reject, "spec.rollback": good_rollback}
+def good_greedy(logits, draft):  # an independent solution
+    best = logits.argmax(-1)
+    for i, x in enumerate(draft):
+        if int(best[i]) != x:
+            return draft[:i] + [int(best[i])]
+    return draft + [int(best[-1])]
+
+
+def _no_bonus(logits, draft):
+    out = good_greedy(logits, draft)
+    return out[:-1] if out[:-1] == draft else out
+
+
+def _appends_the_guess(logits, draft):
+    out = good_greedy(logits, draft)
+    n = len(out) - 1
+    return out if n == len(draft) else out[:-1] + [draft[n]]
+
+
+def _never_stops(logits, draft):
+    best = logits.argmax(-1).tolist()
+    kept = [x for i, x in enumerate(draft) if x == best[i]]
+    return kept + [best[len(kept)]]
+
+
+def _row_off_by_one(logits, draft):
+    return good_greedy(logits[1:], draft[:-1]) + ([draft[-1]] if len(draft) > 0 else [])
+
+
+def test_verify_greedy_accepts_a_correct_solution(capsys):
+    lab07.check_verify_greedy(good_greedy, seed=0)
+    lab07.check_verify_greedy(good_greedy)
+    assert "check_verify_greedy passed" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("bad, message", [
+    (_no_bonus, "bonus"),
+    (_appends_the_guess, "correction"),
+    (_never_stops, "stop at the first|returned"),
+    (_row_off_by_one, "expected"),
+    (lambda logits, draft: None, "list of token ids"),
+])
+def test_verify_greedy_names_each_mistake(bad, message):
+    with pytest.raises(AssertionError, match=message):
+        lab07.check_verify_greedy(bad, seed=2)
+
+
+MINE = {"spec.residual": good_residual, "spec.accept_reject": good_accept_reject, "spec.verify_greedy": good_greedy,
+        "spec.rollback": good_rollback}
 
 
 def test_verify_in_engine_accepts_correct_parts():
@@ -150,13 +198,19 @@ def test_verify_in_engine_accepts_correct_parts():
 
 @pytest.mark.parametrize("name, wrong, message", [
     ("spec.accept_reject", _resample_from_p, "does not keep the target's distribution"),  # resample from p
-    ("spec.accept_reject", _bonus_from_last_draft_row, "other tokens"),                  # bonus from the wrong row
+    ("spec.verify_greedy", _no_bonus, "kept"),                                          # the bonus forgotten: slower
     ("spec.rollback", rollback_variant(count=False), "stopped|other tokens"),            # rejected KV still counted
     ("spec.rollback", rollback_variant(free=False), "free KV blocks"),                   # blocks held to the end
 ])
 def test_verify_in_engine_catches_a_wrong_part(name, wrong, message):
     with pytest.raises(AssertionError, match=message):
         lab07.check_verify_in_engine(EngineParts({**MINE, name: wrong}), num_requests=4)
+
+
+def test_a_wrong_walk_alone_is_caught_in_greedy_too():
+    """Without a greedy verify of the learner's, the engine runs greedy as the walk on one-hot distributions."""
+    with pytest.raises(AssertionError, match="other tokens"):
+        lab07.check_verify_in_engine(EngineParts({"spec.accept_reject": _bonus_from_last_draft_row}), num_requests=4)
 
 
 def test_a_wrong_residual_alone_is_caught_through_the_engines_own_walk():

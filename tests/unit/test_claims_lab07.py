@@ -13,7 +13,9 @@ def good() -> dict:
            "self-draft k=3": 0.985, "medusa k=4": 0.06, "eagle k=4": 0.07}
     return dict(chi2_good=2.8, chi2_bad=395.0, chi2_crit=20.515, worst_z=1.3, gammas=[1, 2, 4], gaps={},
                 n_configs=7, ngram_speedup={2: 1.77, 4: 2.01, 8: 2.17}, verify_cost_ratio=1.5, acceptance=acc,
-                speedup={n: 1.0 for n in acc})
+                speedup={n: 1.0 for n in acc},
+                verify_parts={"spec.residual": True, "spec.accept_reject": True, "spec.verify_greedy": True,
+                              "spec.rollback": True}, verify_steps=40)
 
 
 def test_a_good_run_passes(capsys):
@@ -49,6 +51,8 @@ def with_(key: str, value, sub=None) -> dict:
     ("gaps", None, {"draft k=4": [0.4]}, "token-identical"),        # a rollback that corrupts the KV
     ("ngram_speedup", None, {2: 0.8, 4: 0.9, 8: 0.7}, "n-gram lookup pays"),
     ("acceptance", "self-draft k=3", 0.05, "self-draft's guesses"),
+    ("verify_parts", "spec.rollback", False, "ran your parts"),     # the engine's own rollback ran
+    ("verify_steps", None, 0, "ran your parts"),                    # no verify step at all
 ])
 def test_each_claim_fails_on_a_wrong_measurement(key, sub, value, message):
     with pytest.raises(AssertionError, match=message):
