@@ -106,16 +106,151 @@ def check_update_state(fn: Callable[[SessionState, str], SessionState], seed: in
     print(f"check_update_state passed: {conversations} random conversations give the reference state after every message")
 
 
+# --- the prompt the LLM reads: a layout that keeps the conversation's prefix cacheable -----------------------
+
+
+def reference_layout(system: str, history: list[str], state: str, passages: list[str], message: str) -> str:
+    """Stable first (system, then the history, oldest first: it only grows), volatile after it (the session state
+    and the retrieved passages change every turn), the new message last."""
+    return "\n\n".join([system, *history, state, *passages, message])
+
+
+def volatile_first_layout(system: str, history: list[str], state: str, passages: list[str], message: str) -> str:
+    """The layout that puts what changes every turn first: nothing after it is ever a cached prefix."""
+    return "\n\n".join([system, state, *passages, *history, message])
+
+
+def _words(rng: random.Random, n: int) -> str:
+    return " ".join(rng.choice(["alpha", "river", "Paris", "1898", "radium", "king", "song", "light", "stone", "sea"])
+                    + str(rng.randrange(100)) for _ in range(n))
+
+
+def layout_conversation(rng: random.Random, turns: int) -> list[dict]:
+    """Per turn, the five segments a layout function is given (history grows by the previous user message and
+    reply; state and passages change every turn)."""
+    system, history, out = "You answer from the passages. " + _words(rng, 6), [], []
+    for _ in range(turns):
+        message = "Q: " + _words(rng, rng.randint(3, 8)) + "?"
+        out.append(dict(system=system, history=list(history), state="state: " + _words(rng, rng.randint(2, 6)),
+                        passages=["passage: " + _words(rng, rng.randint(5, 15)) for _ in range(rng.randint(1, 3))],
+                        message=message))
+        history += [message, "A: " + _words(rng, rng.randint(4, 12))]
+    return out
+
+
+def _common(a: str, b: str) -> int:
+    n = 0
+    while n < min(len(a), len(b)) and a[n] == b[n]:
+        n += 1
+    return n
+
+
+def check_prompt_layout(fn: Callable[..., str], seed: int | None = 0, conversations: int = 30) -> None:
+    """`fn(system, history, state, passages, message) -> str` on random conversations: every segment in the
+    prompt, the new message last, and from one turn to the next the prompt keeps the system prompt and the whole
+    previous history as its common prefix (what a prefix cache can serve). Names the segment that breaks it."""
+    rng = random.Random(seed)
+    for c in range(conversations):
+        convo = layout_conversation(rng, rng.randint(2, 5))
+        prev = None
+        for t, seg in enumerate(convo):
+            got = fn(seg["system"], list(seg["history"]), seg["state"], list(seg["passages"]), seg["message"])
+            if not isinstance(got, str):
+                raise AssertionError(f"return the prompt as one str, got {type(got).__name__}")
+            missing = [name for name in ("system", "state", "message") if seg[name] not in got]
+            missing += [f"history[{i}]" for i, h in enumerate(seg["history"]) if h not in got]
+            missing += [f"passages[{i}]" for i, x in enumerate(seg["passages"]) if x not in got]
+            if missing:
+                raise AssertionError(f"conversation {c}, turn {t}: the prompt lacks {missing}: the model reads "
+                                     f"only what the prompt holds")
+            if not got.rstrip().endswith(seg["message"]):
+                raise AssertionError(f"conversation {c}, turn {t}: the prompt ends with {got[-40:]!r}; end with the "
+                                     f"new message (the model answers what comes last)")
+            if prev is not None:
+                stable = prev["system"], *prev["history"]  # what turn t-1 had that turn t keeps, unchanged
+                common = _common(prev["prompt"], got)
+                where = [x for x in stable if got.find(x) + len(x) > common or prev["prompt"].find(x) + len(x) > common]
+                if where:
+                    at = got[common:common + 40]
+                    if got.find(seg["state"]) < got.find(seg["history"][0]) or any(
+                            got.find(x) < got.find(seg["history"][0]) for x in seg["passages"]):
+                        hint = ("the session state and the retrieved passages change every turn; placed before the "
+                                "history they end the common prefix there, and the whole history is prefilled "
+                                "again: put them after it")
+                    elif got.find(seg["history"][-1]) < got.find(seg["history"][0]):
+                        hint = ("keep the history oldest first: a new turn is appended at its end, so the older "
+                                "turns stay a prefix")
+                    else:
+                        hint = "the system prompt, then the history, unchanged from turn to turn, must lead"
+                    raise AssertionError(
+                        f"conversation {c}, turn {t}: this prompt and the previous turn's share only their first "
+                        f"{common} characters (they part at {at!r}), so the previous turn's history is not a common "
+                        f"prefix\n   hint: {hint}")
+            prev = dict(seg, prompt=got)
+    print(f"✔ check_prompt_layout: on {conversations} random conversations every prompt holds its segments, ends "
+          f"with the message, and keeps the previous turn's system prompt and history as a prefix")
+
+
+def prefix_hits(layout: Callable[..., str], conversations: list[list[dict]], engine_factory, tokenizer) -> dict:
+    """Each conversation's turns, laid out by `layout`, prefilled one after another (max_tokens=1) by a fresh
+    engine with prefix caching: the engine's own hit rate and prompt tokens."""
+    from lab_utils.engine.sampling_params import SamplingParams
+
+    engine = engine_factory()
+    prompt_tokens = 0
+    for convo in conversations:
+        for seg in convo:
+            ids = tokenizer(layout(**seg), add_special_tokens=False).input_ids
+            prompt_tokens += len(ids)
+            engine.generate([ids], SamplingParams(max_tokens=1, temperature=0.0))
+    stats = engine.stats()
+    return {"hit_rate": stats["prefix_cache_hit_rate"], "prompt_tokens": prompt_tokens,
+            "cached_tokens": round(stats["prefix_cache_hit_rate"] * prompt_tokens)}
+
+
+def check_layout_in_engine(fn: Callable[..., str], tokenizer, seed: int = 0) -> dict:
+    """The real engine (prefix caching on, a tiny random model: hits depend only on the tokens) prefills random
+    conversations turn by turn laid out by `fn`, by the reference and by the volatile-first layout: yours must
+    hit the cache about as often as the reference, and more than volatile-first."""
+    from lab_utils.engine.config import EngineConfig
+    from lab_utils.engine.engine import LLMEngine
+    from lab_utils.models.loader import build_random
+    from lab_utils.models.registry import REGISTRY
+
+    model = build_random(REGISTRY["tiny-random"].config, seed=0).eval()
+    rng = random.Random(seed)
+    convos = [layout_conversation(rng, 4) for _ in range(3)]
+
+    def factory():
+        return LLMEngine((model, None), EngineConfig(block_size=16, num_gpu_blocks=512, max_model_len=1024,
+                                                     enable_prefix_caching=True), device="cpu")
+
+    got = {name: prefix_hits(f, convos, factory, tokenizer)
+           for name, f in (("yours", fn), ("reference", reference_layout), ("volatile first", volatile_first_layout))}
+    yours, ref, bad = got["yours"]["hit_rate"], got["reference"]["hit_rate"], got["volatile first"]["hit_rate"]
+    if yours < 0.9 * ref or yours <= bad:
+        raise AssertionError(f"in the engine, your layout's prompts hit the prefix cache for {yours:.0%} of their "
+                             f"tokens; the reference layout {ref:.0%}, volatile-first {bad:.0%}: put what stays the "
+                             f"same from turn to turn first")
+    print(f"✔ check_layout_in_engine: the engine served {yours:.0%} of your prompts' tokens from its prefix cache "
+          f"(reference layout {ref:.0%}, volatile first {bad:.0%})")
+    return got
+
+
 # --- the lab's closing claims --------------------------------------------------------------------------------
 
 
 def claims(r: dict) -> list[tuple[str, bool]]:
     """Lab 11's claims from the run's follow-up summaries `r["followup"][retriever][strategy]` (recall@5,
-    tokens_per_query, constraint_completeness), for each retriever in `r["retrievers"]`."""
+    tokens_per_query, constraint_completeness), for each retriever in `r["retrievers"]`, and the engine's prefix
+    cache under the learner's prompt layout and a volatile-first one (`r["layout"]`, from `prefix_hits`)."""
     from lab_utils.checks.claims import need
 
-    need(r, "followup", "retrievers")
-    out = []
+    need(r, "followup", "retrievers", "layout")
+    yours, bad = r["layout"]["yours"], r["layout"]["volatile first"]
+    out = [(f"measured: the engine served {yours['hit_rate']:.0%} of your layout's prompt tokens from its prefix "
+            f"cache, {bad['hit_rate']:.0%} with the changing parts first ({yours['cached_tokens']} vs "
+            f"{bad['cached_tokens']} tokens not prefilled again)", yours["hit_rate"] >= bad["hit_rate"] + 0.1)]
     for name in r["retrievers"]:
         fu = r["followup"][name]
         last, full, sess = fu["last"], fu["full"], fu["session"]

@@ -25,6 +25,8 @@ from lab_utils.server.guard import DEFAULT_MAX_BODY_BYTES, RequestGuard
 from lab_utils.server.metrics import ServerMetrics
 from lab_utils.server.stream_text import StreamText
 from lab_utils.server.streaming import load_stream_part
+from lab_utils.server.tools import (NamedToolChoice, ResponseFormat, Tool, ToolRequestError, chat_reply, render_chat,
+                                    structured_output, tool_mode)
 
 RETRY_AFTER_S = 1  # what a 503 "queue full" asks the client to wait
 
@@ -53,6 +55,7 @@ class _Common(BaseModel):
     stream: bool = False
     ignore_eos: bool = False
     n: int = Field(default=1, ge=1, le=1, description="one choice per request")
+    response_format: ResponseFormat | None = None  # {"type": "json_object"} | {"type": "json_schema", ...}
 
 
 class CompletionRequest(_Common):
@@ -74,6 +77,9 @@ class ChatMessage(BaseModel):
 class ChatRequest(_Common):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = Field(default=None, ge=1)
+    tools: list[Tool] | None = Field(default=None, max_length=128)
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool | None = None
 
 
 def create_app(engine: LLMEngine, model_name: str, max_tokens_cap: int = 1024, api_key: str | None = None,
@@ -124,15 +130,29 @@ def create_app(engine: LLMEngine, model_name: str, max_tokens_cap: int = 1024, a
             raise APIError(404, f"model {name!r} does not exist; this server serves {model_name!r}", "not_found_error",
                            "model")
 
-    def to_params(req: _Common, max_tokens: int | None) -> SamplingParams:
+    def to_params(req: _Common, max_tokens: int | None, structured: dict | None = None) -> SamplingParams:
         stop = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
         try:
             return SamplingParams(max_tokens=min(max_tokens or 16, max_tokens_cap), temperature=req.temperature,
                                   top_p=req.top_p, top_k=max(req.top_k, 0), seed=req.seed, stop=stop,
-                                  ignore_eos=req.ignore_eos)
+                                  ignore_eos=req.ignore_eos, structured_output=structured)
         except ValueError as exc:  # "SamplingParams.<field>=<value> is invalid: must be ..."
             message = str(exc).removeprefix("SamplingParams.")
             raise APIError(400, message, param=message.split("=")[0]) from None
+
+    def constraint(req: _Common, mode: str | None = None) -> dict | None:
+        """response_format / a forced tool_choice -> the engine's structured_output, compiled here (cached) so a
+        schema the grammar compiler refuses is a 400 naming the field."""
+        param = "tools" if mode not in (None, "auto") else "response_format"
+        try:
+            so = structured_output(req.response_format, getattr(req, "tools", None), mode,
+                                   getattr(req, "parallel_tool_calls", None))
+            engine.structured.compile(so)
+        except ToolRequestError as exc:
+            raise APIError(400, str(exc), param=exc.param) from None
+        except ValueError as exc:  # "structured_output.json could not be compiled: <why>"
+            raise APIError(400, f"{param}: {exc}", param=param) from None
+        return so
 
     def token_ids(prompt: str | list[int], param: str) -> list[int]:
         """Text -> ids (once, here); ids are checked by the engine's add_request."""
@@ -214,7 +234,8 @@ def create_app(engine: LLMEngine, model_name: str, max_tokens_cap: int = 1024, a
             yield f"data: {json.dumps({'error': {'message': why, 'type': 'server_error', 'code': 500}})}\n\n"
             yield "data: [DONE]\n\n"
 
-    async def complete(ids: list[int], params: SamplingParams, kind: str, stream: bool, param: str):
+    async def complete(ids: list[int], params: SamplingParams, kind: str, stream: bool, param: str,
+                       mode: str | None = None, tools: list[Tool] | None = None):
         handle = submit(ids, params, param)
         rid, created = f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{uuid.uuid4().hex[:16]}", int(time.time())
         if stream:
@@ -230,8 +251,8 @@ def create_app(engine: LLMEngine, model_name: str, max_tokens_cap: int = 1024, a
         if final.finish_reason and final.finish_reason.startswith("rejected"):
             raise APIError(400, final.finish_reason, param=param)
         if kind == "chat":
-            choice = {"index": 0, "message": {"role": "assistant", "content": final.text},
-                      "finish_reason": _finish(final.finish_reason)}
+            message, finish = chat_reply(final.text, mode, tools, _finish(final.finish_reason))  # tool_calls
+            choice = {"index": 0, "message": message, "finish_reason": finish}
             obj = "chat.completion"
         else:
             choice = {"index": 0, "text": final.text, "finish_reason": _finish(final.finish_reason)}
@@ -242,20 +263,28 @@ def create_app(engine: LLMEngine, model_name: str, max_tokens_cap: int = 1024, a
     @app.post("/v1/completions")
     async def completions(req: CompletionRequest):
         check_model(req.model)
-        params = to_params(req, req.max_tokens)
+        params = to_params(req, req.max_tokens, constraint(req))
         return await complete(token_ids(req.prompt, "prompt"), params, "text", req.stream, "prompt")
 
     @app.post("/v1/chat/completions")
     async def chat(req: ChatRequest):
         check_model(req.model)
-        params = to_params(req, req.max_completion_tokens or req.max_tokens)
+        try:
+            mode = tool_mode(req.tools, req.tool_choice)  # None | "auto" | "required" | "function:<name>"
+        except ToolRequestError as exc:
+            raise APIError(400, str(exc), param=exc.param) from None
+        if mode is not None and req.stream:
+            raise APIError(400, "stream=true with tools is not supported by this server: send stream=false",
+                           param="stream")
+        params = to_params(req, req.max_completion_tokens or req.max_tokens, constraint(req, mode))
         msgs = [m.model_dump() for m in req.messages]
         try:
-            prompt = engine.tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
+            prompt = render_chat(engine.tokenizer, msgs, req.tools, mode)  # tools shown to the model
         except Exception as exc:  # noqa: BLE001 - a template that refuses these messages is the client's problem
             raise APIError(400, f"the chat template refused these messages ({type(exc).__name__}: {exc}); check "
                                 f"the roles' order and the contents' text", param="messages") from None
-        return await complete(token_ids(prompt, "messages"), params, "chat", req.stream, "messages")
+        return await complete(token_ids(prompt, "messages"), params, "chat", req.stream, "messages", mode,
+                              req.tools)
 
     return app
 

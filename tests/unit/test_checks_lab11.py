@@ -82,3 +82,51 @@ def test_checker_never_shows_the_solution():
     with pytest.raises(AssertionError) as err:
         lab11.check_update_state(_always_new_topic, seed=1)
     assert "def " not in str(err.value) and "merged" not in str(err.value)
+
+
+# --- the prompt layout: the conversation's prefix stays cacheable ---------------------------------------------
+def _state_first(system, history, state, passages, message):
+    return "\n\n".join([system, state, *history, *passages, message])
+
+
+def _newest_first(system, history, state, passages, message):
+    return "\n\n".join([system, *history[::-1], state, *passages, message])
+
+
+def _message_first(system, history, state, passages, message):
+    return "\n\n".join([system, *history, message, state, *passages])
+
+
+def _no_passages(system, history, state, passages, message):
+    return "\n\n".join([system, *history, state, message])
+
+
+def test_layout_checker_accepts_the_reference(capsys):
+    lab11.check_prompt_layout(lab11.reference_layout)
+    assert "✔" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("bad, msg", [
+    (_state_first, "change every turn"),
+    (lab11.volatile_first_layout, "change every turn"),
+    (_newest_first, "oldest first"),
+    (_message_first, "end with the new message"),
+    (_no_passages, "lacks"),
+])
+def test_layout_checker_rejects_mistakes(bad, msg):
+    with pytest.raises(AssertionError, match=msg):
+        lab11.check_prompt_layout(bad)
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    from lab_utils.rag.queries import TokenCounter
+
+    return TokenCounter().tokenizer
+
+
+def test_layout_in_engine(tokenizer, capsys):
+    got = lab11.check_layout_in_engine(lab11.reference_layout, tokenizer)
+    assert got["yours"]["hit_rate"] > got["volatile first"]["hit_rate"]
+    with pytest.raises(AssertionError, match="hit the prefix cache"):
+        lab11.check_layout_in_engine(_state_first, tokenizer)

@@ -15,7 +15,9 @@ def _s(recall, tokens, completeness):
 def good() -> dict:
     fu = {"bm25": {"last": _s(0.336, 8.8, 0.782), "full": _s(0.455, 87.8, 1.0), "session": _s(0.551, 24.8, 1.0)},
           "hybrid": {"last": _s(0.384, 8.8, 0.782), "full": _s(0.548, 87.8, 1.0), "session": _s(0.694, 24.8, 1.0)}}
-    return dict(followup=fu, retrievers=["bm25", "hybrid"])
+    layout = {"yours": {"hit_rate": 0.55, "prompt_tokens": 3000, "cached_tokens": 1650},
+              "volatile first": {"hit_rate": 0.04, "prompt_tokens": 3000, "cached_tokens": 120}}
+    return dict(followup=fu, retrievers=["bm25", "hybrid"], layout=layout)
 
 
 def test_good_summaries_pass(capsys):
@@ -40,3 +42,10 @@ def with_(retriever, strategy, key, value):
 def test_each_claim_fails_on_a_wrong_summary(retriever, strategy, key, value, message):
     with pytest.raises(AssertionError, match=message):
         lab11.assert_claims(with_(retriever, strategy, key, value), show=False)
+
+
+def test_the_layout_claim_fails_when_the_cache_is_not_used():
+    r = copy.deepcopy(good())
+    r["layout"]["yours"]["hit_rate"] = 0.08  # the state or the passages placed before the history
+    with pytest.raises(AssertionError, match="prefix cache"):
+        lab11.assert_claims(r, show=False)
