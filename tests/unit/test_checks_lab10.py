@@ -60,10 +60,10 @@ def test_goodput_checker_lets_not_implemented_through():
 
 
 # --- the KV hand-off parts --------------------------------------------------------------------------------------
-import torch  # noqa: E402
+import torch
 
-from lab_utils.disagg.workers import export_kv, import_kv, resume_prefilled  # noqa: E402
-from lab_utils.engine.request import Status  # noqa: E402
+from lab_utils.disagg.workers import export_kv, import_kv, resume_prefilled
+from lab_utils.engine.request import Status
 
 
 @pytest.fixture

@@ -74,9 +74,8 @@ def test_latencies_reject_ttft_as_first_gap():
 
 
 # --- the server's streaming loop --------------------------------------------------------------------------------
-import json  # noqa: E402
 
-from lab_utils.server.streaming import stream_sse  # noqa: E402
+from lab_utils.server.streaming import stream_sse
 
 
 @pytest.fixture
