@@ -1,0 +1,180 @@
+"""OpenAI's `response_format` and `tools` / `tool_choice`, mapped onto the engine's structured output as vLLM's
+server maps them:
+
+- `response_format={"type": "json_object"}` -> any JSON object; `{"type": "json_schema", "json_schema":
+  {"name": ..., "schema": {...}}}` -> that schema.
+- `tool_choice={"type": "function", "function": {"name": f}}` -> the output is f's arguments (f's `parameters`
+  schema); the reply carries one tool call to f, finish_reason "stop".
+- `tool_choice="required"` -> the output is a JSON array of at least one {"name": <a tool>, "parameters": {...}}
+  (vLLM's schema, `parallel_tool_calls=false` makes it at most one); finish_reason "tool_calls".
+- `tool_choice="auto"` (the default when tools are given) -> no constraint: the model decides. The tools are
+  shown to it (the chat template's `tools`, or a system message in the Hermes format when the template has no
+  place for them), and a reply that holds `<tool_call>{"name": ..., "arguments": ...}</tool_call>` (or just such
+  a JSON object) becomes tool calls, as vLLM's `hermes` tool parser reads them; anything else is content.
+- `tool_choice="none"` -> tools are ignored.
+JSON is generated without free whitespace between tokens (vLLM's `disable_any_whitespace`, a server-wide switch
+there): given the freedom, a small model can emit newlines until max_tokens. A schema the grammar compiler
+cannot take is a 400 naming the problem (the engine's ValueError).
+"""
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+NAME_PATTERN = r"^[A-Za-z0-9_-]{1,64}$"
+COMPACT = {"disable_any_whitespace": True}
+
+
+class JsonSchemaSpec(BaseModel):
+    model_config = ConfigDict(populate_by_name=True, extra="ignore")
+    name: str = Field(pattern=NAME_PATTERN)
+    json_schema: dict = Field(alias="schema")  # "schema" shadows a pydantic attribute, hence the alias
+    description: str | None = None
+    strict: bool | None = None
+
+
+class ResponseFormat(BaseModel):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaSpec | None = None
+
+
+class FunctionDef(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    name: str = Field(pattern=NAME_PATTERN)
+    description: str | None = None
+    parameters: dict | None = None
+
+
+class Tool(BaseModel):
+    type: Literal["function"] = "function"
+    function: FunctionDef
+
+
+class FunctionName(BaseModel):
+    name: str = Field(pattern=NAME_PATTERN)
+
+
+class NamedToolChoice(BaseModel):
+    type: Literal["function"] = "function"
+    function: FunctionName
+
+
+ToolChoice = Literal["none", "auto", "required"] | NamedToolChoice
+
+
+class ToolRequestError(ValueError):
+    """A request whose response_format / tools / tool_choice cannot be served; `param` names the field."""
+
+    def __init__(self, message: str, param: str) -> None:
+        super().__init__(message)
+        self.param = param
+
+
+def _params(fn: FunctionDef) -> dict:
+    return fn.parameters or {"type": "object", "properties": {}}
+
+
+def tool_mode(tools: list[Tool] | None, tool_choice: ToolChoice | None) -> str | None:
+    """None (no tools in play), "auto", "required" or "function:<name>"."""
+    if tool_choice is not None and not tools and tool_choice != "none":
+        raise ToolRequestError("tool_choice needs tools: pass the functions the model may call in `tools`",
+                               "tool_choice")
+    if not tools or tool_choice == "none":
+        return None
+    if isinstance(tool_choice, NamedToolChoice):
+        names = [t.function.name for t in tools]
+        if tool_choice.function.name not in names:
+            raise ToolRequestError(f"tool_choice names {tool_choice.function.name!r}, which is not in tools "
+                                   f"({', '.join(names)})", "tool_choice")
+        return f"function:{tool_choice.function.name}"
+    return tool_choice or "auto"
+
+
+def structured_output(response_format: ResponseFormat | None, tools: list[Tool] | None, mode: str | None,
+                      parallel_tool_calls: bool | None = None) -> dict | None:
+    """The engine's `structured_output` for this request (None: unconstrained)."""
+    forced = mode is not None and mode != "auto"
+    if response_format is not None and response_format.type != "text" and forced:
+        raise ToolRequestError("response_format and a forced tool_choice both constrain the output: send one of "
+                               "them", "response_format")
+    if forced:
+        if mode == "required":
+            schema: dict[str, Any] = {"type": "array", "minItems": 1, "items": {"type": "object", "anyOf": [
+                {"properties": {"name": {"type": "string", "enum": [t.function.name]}, "parameters": _params(t.function)},
+                 "required": ["name", "parameters"]} for t in tools]}}
+            if parallel_tool_calls is False:
+                schema["maxItems"] = 1
+            return {"json": schema, **COMPACT}
+        name = mode.split(":", 1)[1]
+        return {"json": _params(next(t.function for t in tools if t.function.name == name)), **COMPACT}
+    if response_format is None or response_format.type == "text":
+        return None
+    if response_format.type == "json_object":
+        return {"json_object": True, **COMPACT}
+    if response_format.json_schema is None:
+        raise ToolRequestError('response_format of type "json_schema" needs "json_schema": {"name": ..., '
+                               '"schema": {...}}', "response_format")
+    return {"json": response_format.json_schema.json_schema, **COMPACT}
+
+
+# -- the prompt -----------------------------------------------------------------------------------------------
+def render_chat(tokenizer, messages: list[dict], tools: list[Tool] | None, mode: str | None) -> str:
+    """The chat prompt, with the tools shown to the model when it must choose or fill them."""
+    if mode is None:
+        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    specs = [t.model_dump(exclude_none=True) for t in tools]
+    prompt = tokenizer.apply_chat_template(messages, tools=specs, tokenize=False, add_generation_prompt=True)
+    if all(t.function.name in prompt for t in tools):
+        return prompt  # the template placed them
+    lines = "\n".join(json.dumps(s) for s in specs)
+    system = ("You may call functions. They are listed as JSON inside <tools></tools>:\n<tools>\n" + lines +
+              "\n</tools>\nTo call one, reply with <tool_call>{\"name\": <function name>, \"arguments\": "
+              "<arguments object>}</tool_call>.")
+    return tokenizer.apply_chat_template([{"role": "system", "content": system}, *messages], tokenize=False,
+                                         add_generation_prompt=True)
+
+
+# -- the reply --------------------------------------------------------------------------------------------------
+TOOL_CALL_RE = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.S)
+
+
+def _call(name: str, arguments: Any) -> dict:
+    args = arguments if isinstance(arguments, str) else json.dumps(arguments)
+    return {"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function", "function": {"name": name, "arguments": args}}
+
+
+def parse_tool_calls(text: str, tools: list[Tool]) -> list[dict]:
+    """Tool calls in a free ("auto") reply: Hermes `<tool_call>{...}</tool_call>` blocks, or the whole reply as
+    one such JSON object (or a list of them). Only calls to known tools count."""
+    names = {t.function.name for t in tools}
+    blobs = TOOL_CALL_RE.findall(text) or [text.strip()]
+    calls = []
+    for blob in blobs:
+        try:
+            value = json.loads(blob)
+        except ValueError:
+            continue
+        for item in value if isinstance(value, list) else [value]:
+            if isinstance(item, dict) and item.get("name") in names:
+                calls.append(_call(item["name"], item.get("arguments", item.get("parameters", {}))))
+    return calls
+
+
+def chat_reply(text: str, mode: str | None, tools: list[Tool] | None, finish_reason: str | None
+               ) -> tuple[dict, str | None]:
+    """The assistant message (content or tool_calls) and the finish_reason, as OpenAI's API returns them."""
+    if mode is None or finish_reason == "length":
+        return {"role": "assistant", "content": text}, finish_reason
+    if mode.startswith("function:"):  # the output *is* the arguments
+        return {"role": "assistant", "content": None, "tool_calls": [_call(mode.split(":", 1)[1], text)]}, "stop"
+    if mode == "required":
+        calls = [_call(c["name"], c["parameters"]) for c in json.loads(text)]
+        return {"role": "assistant", "content": None, "tool_calls": calls}, "tool_calls"
+    calls = parse_tool_calls(text, tools)
+    if calls:
+        return {"role": "assistant", "content": None, "tool_calls": calls}, "tool_calls"
+    return {"role": "assistant", "content": text}, finish_reason
