@@ -4,10 +4,11 @@ The engine is plain synchronous code; the server is async. One lock serialises t
 for one step at a time, and add/abort take it between steps. A client that goes away aborts its request, which
 frees its KV blocks at once.
 
-A step that raises belongs to some request, not to the server. The requests the failing step held are the
-suspects: a lone suspect is ended with an error (its client gets a 500 that says why); several suspects lose
-their KV and go to probation, from where they rejoin one at a time (each is cleared by its next token), so the
-culprit is found alone while everyone else keeps being served. A request in three failed steps is ended too.
+A step that raises belongs to some request, not to the server. The suspects are the requests new to the
+failing step (those that did not produce a token in the step before it; all it held if none is new): a lone
+suspect is ended with an error (its client gets a 500 that says why); several suspects lose their KV and go to
+probation, from where they rejoin one at a time (each is cleared by its next token), so the culprit is found
+alone while everyone else keeps being served. A request in three failed steps is ended too.
 Only a step that fails with no request to blame, or `max_consecutive_failures` failed steps in a row, marks
 the engine unusable (`error` is set: /health answers 500, new requests 503).
 """
@@ -64,6 +65,7 @@ class AsyncEngine:
         self._strikes: dict[str, int] = {}
         self._probation: deque[Request] = deque()
         self._probe: Request | None = None
+        self._veterans: set[str] = set()  # requests that produced a token in the last successful step
         self._thread: threading.Thread | None = None
         self._start()
 
@@ -104,6 +106,7 @@ class AsyncEngine:
                 try:
                     outputs = self.engine.step()
                     self._consecutive_failures = 0
+                    self._veterans = {o.request_id for o in outputs if o.new_token_ids and not o.finished}
                 except Exception as exc:  # noqa: BLE001 - any failure is isolated, then reported
                     outputs = pending + self._isolate(exc)
         for out in outputs:
@@ -137,11 +140,13 @@ class AsyncEngine:
         self.num_step_failures += 1
         self._consecutive_failures += 1
         sched = self.engine.scheduler
-        suspects = [r for r in sched.running if not r.status.done] or list(sched.waiting)[:1]
+        held = [r for r in sched.running if not r.status.done] or list(sched.waiting)[:1]
+        suspects = [r for r in held if r.request_id not in self._veterans] or held
         log.error("engine step failed (%d suspects): %r", len(suspects), exc, exc_info=exc)
         if not suspects or self._consecutive_failures >= self.max_consecutive_failures:
             self._die(exc)
             return []
+        self._veterans.difference_update(r.request_id for r in suspects)
         why = f"error: the engine failed on this request ({type(exc).__name__}: {exc})"
         ended = 0
         for req in suspects:

@@ -160,7 +160,8 @@ def _poisoned_engine(always: bool = False):
 
 def test_a_failing_step_ends_only_its_own_request():
     """Two poisoned requests share their first step with six good ones (the engine waits until all eight are
-    queued): that step fails with eight suspects, who rejoin one at a time; only the poisoned ones fail alone."""
+    queued): that step fails with eight suspects, who rejoin one at a time; a poisoned one fails as the only
+    newcomer to a step, beside good requests that keep running, and only it is ended."""
     engine = _poisoned_engine()
     real_has_unfinished, gate = engine.has_unfinished, []
     engine.has_unfinished = lambda: real_has_unfinished() and bool(gate or len(engine.scheduler.waiting) >= 8
