@@ -249,8 +249,50 @@ def check_resume_prefilled(fn: Callable, seed: int | None = 0, cases: int = 20) 
     learner.submit("disagg.resume_prefilled", fn)
 
 
+def check_request_meta(fn: Callable, seed: int | None = 0, cases: int = 20) -> None:
+    """`fn(req) -> dict`, the header sent with the KV, on requests that have just sampled their first token:
+    every field the decode side reads, with the reference's values. Submits `fn` when it passes."""
+    from lab_utils import learner
+    from lab_utils.disagg.workers import META_KEYS, request_meta
+    from lab_utils.engine.request import Request
+    from lab_utils.engine.sampling_params import SamplingParams
+
+    hints = {"first_token": "the first *generated* token is req.token_ids[-1] (token_ids holds the prompt, then "
+                            "the outputs)",
+             "params": "send the request's own SamplingParams (max_tokens, temperature, stop travel with it)",
+             "first_token_time": "TTFT happened on the prefill side: send its timestamps (req.metrics), or the "
+                                 "decode side reports a wrong TTFT",
+             "first_scheduled_time": "send req.metrics.first_scheduled_time (queueing time is part of TTFT)",
+             "arrival_time": "send req.metrics.arrival_time: TTFT counts from the arrival",
+             "prompt_token_ids": "send the prompt's token ids: the decode side rebuilds the request from them",
+             "num_cached_tokens": "send req.num_cached_tokens (prefix-cache accounting)",
+             "request_id": "send req.request_id: the router matches the answer by it"}
+    rng = random.Random(seed)
+    for trial in range(cases):
+        P = rng.randint(1, 20)
+        req = Request(f"req-{trial}", None, [rng.randrange(1000) for _ in range(P)],
+                      SamplingParams(max_tokens=rng.randint(2, 50), temperature=rng.choice([0.0, 0.7])),
+                      rng.uniform(0, 100))
+        m = req.metrics
+        m.first_scheduled_time = m.arrival_time + rng.uniform(0, 1)
+        m.first_token_time = m.first_scheduled_time + rng.uniform(0, 1)
+        req.token_ids.append(rng.randrange(1000, 2000))
+        req.num_computed_tokens, req.num_cached_tokens = P, rng.choice([0, 16])
+        want = request_meta(req)
+        got = fn(req)
+        if not isinstance(got, dict):
+            raise AssertionError(f"return a dict (the transfer's header), got {type(got).__name__}")
+        for k in META_KEYS:
+            if k not in got:
+                raise AssertionError(f"case {trial}: the header has no {k!r}\n   hint: {hints[k]}")
+            if got[k] != want[k]:
+                raise AssertionError(f"case {trial}: {k} is {got[k]!r}, expected {want[k]!r}\n   hint: {hints[k]}")
+    print(f"✔ check_request_meta: every field the decode side reads is right on {cases} random requests")
+    learner.submit("disagg.request_meta", fn)
+
+
 def check_handoff_in_engine(export_fn=None, import_fn=None, resume_fn=None, num_requests: int = 10,
-                            seed: int = 0) -> dict:
+                            seed: int = 0, meta_fn=None) -> dict:
     """Two real `LLMEngine`s on a tiny random model, in this process, doing what the workers do: the prefill
     engine runs each prompt to its first token, `export_fn` takes its KV out of the paged cache, the decode
     engine admits it with `resume_fn` and swaps it in with `import_fn` (None: the reference); an int8 KV cache, so
@@ -266,11 +308,13 @@ def check_handoff_in_engine(export_fn=None, import_fn=None, resume_fn=None, num_
     from lab_utils.models.loader import build_random
     from lab_utils.models.registry import REGISTRY
 
-    fns = {workers.EXPORT_PART: export_fn, workers.IMPORT_PART: import_fn, workers.RESUME_PART: resume_fn}
+    fns = {workers.EXPORT_PART: export_fn, workers.IMPORT_PART: import_fn, workers.RESUME_PART: resume_fn,
+           workers.META_PART: meta_fn}
     parts = EngineParts({k: f for k, f in fns.items() if f is not None})
     export_fn = parts.function(workers.EXPORT_PART, workers.export_kv)
     import_fn = parts.function(workers.IMPORT_PART, workers.import_kv)
     resume_fn = parts.function(workers.RESUME_PART, workers.resume_prefilled)
+    meta_fn = parts.function(workers.META_PART, workers.request_meta)
     rng = random.Random(seed)
     model = build_random(REGISTRY["tiny-random"].config, seed=0).eval()
     prompts = [[rng.randrange(model.config.vocab_size) for _ in range(rng.randint(1, 30))] for _ in range(num_requests)]
@@ -290,10 +334,7 @@ def check_handoff_in_engine(export_fn=None, import_fn=None, resume_fn=None, num_
                     continue
                 req = pre.requests[out.request_id]
                 kv = workers.export_prompt_kv(pre, req, export_fn)
-                meta = dict(request_id=req.request_id, prompt_token_ids=req.prompt_token_ids, params=req.params,
-                            arrival_time=req.metrics.arrival_time, first_token=req.token_ids[-1],
-                            first_token_time=req.metrics.first_token_time,
-                            first_scheduled_time=req.metrics.first_scheduled_time)
+                meta = workers.prompt_meta(req, meta_fn)
                 pre.abort(req.request_id)
                 workers.admit_prefilled(dec, meta, kv, resume_fn)
             for out in (dec.step() if dec.has_unfinished() else []):
@@ -338,8 +379,9 @@ def claims(r: dict) -> list[tuple[str, bool]]:
     worst_cal = max(r["cal_err_ttft"], r["cal_err_tpot"])
     ran = r["handoff_ran"]
     return [
-        ("measured: the prefill worker exported with your export_kv, the decode worker admitted with your "
-         "resume_prefilled and import_kv", "disagg.export_kv" in ran.get("prefill", [])
+        ("measured: the prefill worker exported with your export_kv and request_meta, the decode worker admitted "
+         "with your resume_prefilled and import_kv",
+         {"disagg.export_kv", "disagg.request_meta"} <= set(ran.get("prefill", []))
          and {"disagg.resume_prefilled", "disagg.import_kv"} <= set(ran.get("decode", []))),
         (f"measured: a real prefill/decode split over 2 processes gives the same tokens as one engine "
          f"({r['n_prompts']} prompts)", bool(r["same_tokens"])),

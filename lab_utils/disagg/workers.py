@@ -41,6 +41,19 @@ def build_engine(model: str, config, device: str, dtype: str, extra_eos: set[int
 
 
 EXPORT_PART, IMPORT_PART, RESUME_PART = "disagg.export_kv", "disagg.import_kv", "disagg.resume_prefilled"
+META_PART = "disagg.request_meta"
+META_KEYS = ("request_id", "prompt_token_ids", "params", "arrival_time", "first_token", "first_token_time",
+             "first_scheduled_time", "num_cached_tokens")
+
+
+def request_meta(req: Request) -> dict:
+    """What travels with the KV (the header of the transfer): who the request is, what it asked for (its prompt
+    and sampling params: max_tokens, temperature, stop), the token the prefill side sampled, and the timestamps
+    that make its TTFT, so the decode side can continue it and report it as if it had run there."""
+    m = req.metrics
+    return {"request_id": req.request_id, "prompt_token_ids": list(req.prompt_token_ids), "params": req.params,
+            "arrival_time": m.arrival_time, "first_token": req.token_ids[-1], "first_token_time": m.first_token_time,
+            "first_scheduled_time": m.first_scheduled_time, "num_cached_tokens": req.num_cached_tokens}
 
 
 def _slots(block_table: list[int], num_tokens: int, block_size: int, device) -> torch.Tensor:
@@ -88,7 +101,7 @@ def load_disagg_parts(names=()) -> tuple[dict, list[str]]:
     from lab_utils import learner
     from lab_utils.engine.parts import EngineParts
 
-    refs = {EXPORT_PART: export_kv, IMPORT_PART: import_kv, RESUME_PART: resume_prefilled}
+    refs = {EXPORT_PART: export_kv, IMPORT_PART: import_kv, RESUME_PART: resume_prefilled, META_PART: request_meta}
     fns = {}
     for name in names:
         if name not in refs:
@@ -114,6 +127,17 @@ def export_prompt_kv(engine, req: Request, export_fn=export_kv) -> dict[str, tor
         raise LearnerPartError(f"your {EXPORT_PART} returned {got} for a {req.num_prompt_tokens}-token prompt; the "
                                f"decode side needs {want} (every cache tensor, the prompt's tokens only)")
     return kv
+
+
+def prompt_meta(req: Request, meta_fn=request_meta) -> dict:
+    """The transfer's header for `req`, from `meta_fn`; one that lacks a field the decode side reads says so."""
+    from lab_utils.engine.parts import LearnerPartError
+
+    meta = meta_fn(req)
+    missing = [k for k in META_KEYS if not isinstance(meta, dict) or k not in meta]
+    if missing:
+        raise LearnerPartError(f"your {META_PART} sent no {missing}: the decode side needs every one of {META_KEYS}")
+    return meta
 
 
 def swap_in_with(import_fn, kv_cache, req: Request) -> None:
@@ -172,7 +196,7 @@ def prefill_main(model, config, device, dtype, extra_eos, requests, to_router, k
         engine = build_engine(model, config, device, dtype, extra_eos)
         sender = KVSender(kv_conn)
         _use_learner_dir(learner_dir)
-        fns, used = load_disagg_parts([n for n in learner_parts if n == EXPORT_PART])
+        fns, used = load_disagg_parts([n for n in learner_parts if n in (EXPORT_PART, META_PART)])
         to_router.send(("ready", "prefill", used))
         while True:
             msgs = []
@@ -201,11 +225,7 @@ def prefill_main(model, config, device, dtype, extra_eos, requests, to_router, k
                 t0 = time.perf_counter()
                 kv = export_prompt_kv(engine, req, fns[EXPORT_PART])
                 rec.serialize_s = time.perf_counter() - t0
-                meta = dict(request_id=req.request_id, prompt_token_ids=req.prompt_token_ids, params=req.params,
-                            arrival_time=req.metrics.arrival_time, first_token=req.token_ids[-1],
-                            first_token_time=req.metrics.first_token_time,
-                            first_scheduled_time=req.metrics.first_scheduled_time,
-                            num_cached_tokens=req.num_cached_tokens)
+                meta = prompt_meta(req, fns[META_PART])
                 engine.abort(req.request_id)  # its blocks go back to the prefill pool
                 try:
                     sender.send(meta, kv, rec)
@@ -242,7 +262,7 @@ def decode_main(model, config, device, dtype, extra_eos, control, to_router, kv_
         threading.Thread(target=_receive_kv, args=(KVReceiver(kv_conn), inbox), daemon=True).start()
         records: dict[str, dict] = {}
         _use_learner_dir(learner_dir)
-        fns, used = load_disagg_parts([n for n in learner_parts if n != EXPORT_PART])
+        fns, used = load_disagg_parts([n for n in learner_parts if n not in (EXPORT_PART, META_PART)])
         if IMPORT_PART in used:
             engine.scheduler.swap_in = functools.partial(swap_in_with, fns[IMPORT_PART], engine.kv_cache)
         to_router.send(("ready", "decode", used))

@@ -177,3 +177,27 @@ def test_resume_checker_rejects_mistakes(bad, msg, learner_dir):
 def test_handoff_in_engine_rejects_mistakes(kw, msg):
     with pytest.raises(AssertionError, match=msg):
         lab10.check_handoff_in_engine(**kw, num_requests=6)
+
+
+def test_meta_checker_accepts_the_reference_and_names_mistakes(learner_dir):
+    from lab_utils.disagg.workers import request_meta
+
+    lab10.check_request_meta(request_meta)
+
+    def first_prompt_token(req):
+        return {**request_meta(req), "first_token": req.token_ids[0]}
+
+    def no_timestamps(req):
+        return {k: v for k, v in request_meta(req).items() if k != "first_token_time"}
+
+    def default_params(req):
+        from lab_utils.engine.sampling_params import SamplingParams
+
+        return {**request_meta(req), "params": SamplingParams()}
+
+    for bad, msg in ((first_prompt_token, "first \\*generated\\* token"), (no_timestamps, "TTFT happened"),
+                     (default_params, "own SamplingParams")):
+        with pytest.raises(AssertionError, match=msg):
+            lab10.check_request_meta(bad)
+    with pytest.raises(AssertionError, match="your disagg.request_meta sent no"):
+        lab10.check_handoff_in_engine(meta_fn=no_timestamps, num_requests=3)

@@ -12,7 +12,7 @@ def good() -> dict:
     gp = {"colocated (no chunking)": 8.0, "colocated (chunked prefill)": 12.0, "1P:1D": 6.0, "2P:1D": 10.0,
           "3P:1D": 12.0}
     return dict(same_tokens=True, n_prompts=6,
-                handoff_ran={"prefill": ["disagg.export_kv"], "decode": ["disagg.import_kv", "disagg.resume_prefilled"]},
+                handoff_ran={"prefill": ["disagg.export_kv", "disagg.request_meta"], "decode": ["disagg.import_kv", "disagg.resume_prefilled"]},
                 kv_ratio=1.002, kv_bytes_per_token=46080, cal_err_ttft=0.058,
                 cal_err_tpot=0.048, cal_bound=0.35, goodput=gp, best_pd="3P:1D", thr_pd_best=5635.0, thr_colo=6746.0)
 
@@ -36,6 +36,7 @@ def with_(key, value, sub=None):
     ("same_tokens", None, False, "same tokens as one engine"),     # a decode worker that loses the KV
     ("handoff_ran", "decode", ["disagg.import_kv"], "your export_kv"),  # the decode worker ran the reference
     ("handoff_ran", "prefill", [], "your export_kv"),
+    ("handoff_ran", "prefill", ["disagg.export_kv"], "your export_kv"),   # the header built by the reference
     ("kv_ratio", None, 2.0, "KV bytes that crossed the pipe"),     # whole blocks sent twice
     ("kv_ratio", None, 0.5, "KV bytes that crossed the pipe"),     # half the layers missing
     ("cal_err_tpot", None, 0.6, "replays this engine"),
