@@ -108,6 +108,65 @@ def check_goodput(fn: Callable, seed: int | None = None, runs: int = 6) -> None:
     print(f"check_goodput passed: {runs} random runs (SLO edges, one-token and empty requests, missing SLOs)")
 
 
+# --- the knob sweep against an SLO ------------------------------------------------------------------------
+
+
+class _FakeRun:
+    """What `run_at` returns in the check: the requests' times and the run's duration, and a throughput that
+    does not follow goodput (a sweep that picks by throughput shows)."""
+
+    def __init__(self, requests, duration: float) -> None:
+        self.requests, self.duration = requests, duration
+
+
+def check_sweep(fn: Callable, seed: int | None = 0, trials: int = 20) -> None:
+    """`fn(run_at, values, slo_ttft_ms, slo_tpot_ms) -> (best, table)`: runs the engine once per value
+    (`run_at(value)` -> a run with `.requests` and `.duration`), `table[value]` = goodput under the SLO, `best` =
+    the value with the highest goodput, the smallest such value on a tie (it holds the least KV memory)."""
+    rng = random.Random(seed)
+    for trial in range(trials):
+        values = sorted(rng.sample([1, 2, 4, 8, 16, 32], rng.randint(2, 5)))
+        ttft, tpot = rng.choice([150.0, 250.0, 400.0]), rng.choice([40.0, 62.5, 100.0])
+        runs = {v: _FakeRun(random_run(rng, rng.randint(4, 14), ttft, tpot), rng.uniform(1.0, 4.0)) for v in values}
+        if trial % 4 == 1:  # a tie on goodput between two values
+            a, b = values[0], values[-1]
+            runs[b] = _FakeRun(list(runs[a].requests), runs[a].duration)
+        calls: list = []
+
+        def run_at(v, _runs=runs, _calls=calls):
+            _calls.append(v)
+            if v not in _runs:
+                raise AssertionError(f"run_at({v!r}): sweep only the values given ({sorted(_runs)})")
+            return _runs[v]
+
+        got = fn(run_at, list(values), ttft, tpot)
+        want_table = {v: reference_goodput(r.requests, r.duration, ttft, tpot) for v, r in runs.items()}
+        top = max(want_table.values())
+        want_best = min(v for v in values if math.isclose(want_table[v], top, rel_tol=1e-12))
+        where = f"trial {trial}: values {values}, SLO TTFT <= {ttft:g} ms, TPOT <= {tpot:g} ms"
+        if sorted(calls) != sorted(values):
+            raise AssertionError(f"{where}: run_at was called for {calls}; run the engine once per value (each run "
+                                 f"costs a whole workload)")
+        if not (isinstance(got, tuple) and len(got) == 2 and isinstance(got[1], dict)):
+            raise AssertionError(f"{where}: return (best, table), table a dict value -> goodput; got {got!r:.80}")
+        best, table = got
+        for v in values:
+            if v not in table or not math.isclose(table[v], want_table[v], rel_tol=1e-9, abs_tol=1e-12):
+                thr = sum(len(r.token_times) for r in runs[v].requests) / runs[v].duration
+                hint = ("that is output tokens per second: the table holds goodput (requests per second within "
+                        "both SLOs, your goodput function)" if v in table and math.isclose(table[v], thr) else
+                        "table[value] = goodput(run.requests, run.duration, slo_ttft_ms, slo_tpot_ms)")
+                raise AssertionError(f"{where}: table[{v}] = {table.get(v)!r}, expected {want_table[v]:.4g}"
+                                     f"\n   hint: {hint}")
+        if best != want_best:
+            tie = [v for v in values if math.isclose(want_table[v], top, rel_tol=1e-12)]
+            hint = (f"{tie} tie on goodput: take the smallest (the same goodput for less KV memory)" if len(tie) > 1
+                    else "the best value has the highest goodput, not the highest throughput or the largest batch")
+            raise AssertionError(f"{where}: you chose {best!r}, expected {want_best}\n   hint: {hint}")
+    print(f"✔ check_sweep: one engine run per value, goodput table and choice right on {trials} random sweeps "
+          f"(ties included)")
+
+
 # --- the lab's closing claims --------------------------------------------------------------------------------
 
 
@@ -121,8 +180,9 @@ def claims(r: dict) -> list[tuple[str, bool]]:
 
     from lab_utils.checks.claims import need
 
-    need(r, "rows", "engines", "goodput", "small_budget", "max_num_seqs", "auto_bytes", "agree")
+    need(r, "rows", "engines", "goodput", "small_budget", "max_num_seqs", "auto_bytes", "agree", "sweep")
     rows = r["rows"]
+    sw = r["sweep"]  # the learner's max_num_seqs sweep of the lab engine: {"best": value, "table": {value: goodput}}
 
     def row(engine, config, workload="main"):
         return next((x for x in rows if (x["engine"], x["config"], x["workload"]) == (engine, config, workload)), None)
@@ -132,7 +192,10 @@ def claims(r: dict) -> list[tuple[str, bool]]:
         return a[metric] / b[metric] if a is not None and b is not None and b[metric] else float("nan")
 
     budget = r["small_budget"]
-    out = []
+    table, best = sw["table"], sw["best"]
+    out = [(f"measured: your sweep ran the lab engine at max_num_seqs {sorted(table)}; under the SLO set by "
+            f"one-at-a-time serving, {best} serves the most requests per second ({table.get(best, 0):.2f} vs "
+            f"{table.get(1, 0):.2f} at 1): batching pays", 1 in table and best > 1 and table[best] > table[1])]
     for e in r["engines"]:
         errors = sum(x["errors"] for x in rows if x["engine"] == e)
         s = ratio(e, "out_tok_per_s", "base", "max_num_seqs=1")

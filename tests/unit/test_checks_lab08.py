@@ -116,3 +116,31 @@ def test_wrong_type_rejected():
 def test_not_implemented_propagates():
     with pytest.raises(NotImplementedError, match="hint"):
         lab08.check_goodput(not_implemented, seed=0)
+
+
+# --- the knob sweep against an SLO -------------------------------------------------------------------------------
+def _sweep(run_at, values, slo_ttft_ms, slo_tpot_ms, pick=lambda t, vs: max(vs, key=lambda n: (t[n], -n)),
+           metric=None):
+    table = {}
+    for n in values:
+        r = run_at(n)
+        table[n] = metric(r) if metric else lab08.reference_goodput(r.requests, r.duration, slo_ttft_ms, slo_tpot_ms)
+    return pick(table, values), table
+
+
+def test_sweep_checker_accepts_correct(capsys):
+    lab08.check_sweep(lambda run_at, values, t, p: _sweep(run_at, values, t, p))
+    assert "✔" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("bad, msg", [
+    (lambda run_at, v, t, p: _sweep(run_at, v, t, p, metric=lambda r: sum(len(q.token_times) for q in r.requests)
+                                    / r.duration), "output tokens per second"),          # throughput, not goodput
+    (lambda run_at, v, t, p: _sweep(run_at, v, t, p, pick=lambda tb, vs: max(vs, key=lambda n: (tb[n], n))),
+     "take the smallest"),                                                                # ties to the largest
+    (lambda run_at, v, t, p: _sweep(run_at, v, t, p, pick=lambda tb, vs: max(vs)), "expected"),  # the biggest batch
+    (lambda run_at, v, t, p: (_sweep(run_at, v, t, p), _sweep(run_at, v, t, p))[1], "once per value"),
+])
+def test_sweep_checker_rejects_mistakes(bad, msg):
+    with pytest.raises(AssertionError, match=msg):
+        lab08.check_sweep(bad)

@@ -32,7 +32,7 @@ def good() -> dict:
     rows.append(_row("lab", "tight KV, bf16", kv_blocks=8))
     goodput = {(e, c): v for e in ("lab", "vllm") for c, v in (("base", 1.2), ("max_num_seqs=1", 0.3))}
     return dict(rows=rows, engines=["lab", "vllm"], goodput=goodput, small_budget=BUDGET, max_num_seqs=8,
-                auto_bytes=4, agree=0.875)
+                auto_bytes=4, agree=0.875, sweep={"best": 8, "table": {1: 0.3, 4: 0.9, 8: 1.2}})
 
 
 def test_a_good_run_passes(capsys):
@@ -85,4 +85,15 @@ def test_goodput_and_agreement_fail_when_wrong():
     r = good()
     r["agree"] = 0.5
     with pytest.raises(AssertionError, match="agree on 50%"):
+        lab08.assert_claims(r, show=False)
+
+
+@pytest.mark.parametrize("sweep", [
+    {"best": 1, "table": {1: 0.3, 4: 0.2, 8: 0.1}},     # batching broke the TPOT bar: one at a time wins
+    {"best": 8, "table": {4: 0.9, 8: 1.2}},             # the sweep never ran one at a time: nothing to beat
+])
+def test_the_sweep_claim_fails_when_batching_does_not_pay(sweep):
+    r = copy.deepcopy(good())
+    r["sweep"] = sweep
+    with pytest.raises(AssertionError, match="your sweep ran the lab engine"):
         lab08.assert_claims(r, show=False)
