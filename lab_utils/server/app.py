@@ -5,6 +5,7 @@ Everything a request carries is checked before it reaches the engine, and a bad 
 error naming the field and the fix (docs/SERVER.md has the table): 400 bad JSON / field / token id / too long,
 401 no key, 404 model, 413 body too large, 503 queue full (with Retry-After) or engine unusable. A failure
 inside an engine step ends only the requests it belongs to, with a 500 that says why (see async_engine.py).
+`response_format` and `tools` / `tool_choice` become the engine's structured output, as in vLLM (tools.py).
 """
 from __future__ import annotations
 
