@@ -217,7 +217,7 @@ def test_results_page_is_short_and_has_no_history():
 
 
 # ---------------------------------------------------------------------------------- claims with negative controls
-CLAIMS_LABS = ["00", "01", "02", "05", "06", "07", "08", "09", "10", "11", "12"]
+CLAIMS_LABS = ["00", "01", "02", "03", "04", "05", "06", "07", "08", "09", "10", "11", "12", "13"]
 
 
 @pytest.mark.parametrize("nn", CLAIMS_LABS)
@@ -229,6 +229,8 @@ def test_claims_cell_runs_tested_claims(nn):
     nb = nbformat.read(lab, as_version=4)
     assert any(f"lab{nn}.assert_claims(" in c.source for c in nb.cells if c.cell_type == "code"), (
         f"{lab.name}: the claims cell should call lab{nn}.assert_claims(...) (logic in lab_utils/checks/lab{nn}.py)")
-    test = REPO_ROOT / "tests" / "unit" / f"test_claims_lab{nn}.py"
-    assert test.exists() and "raises(AssertionError" in test.read_text(encoding="utf-8"), (
-        f"{test.name} should feed lab{nn}.assert_claims perturbed measurements under pytest.raises(AssertionError)")
+    tests = [REPO_ROOT / "tests" / "unit" / f"test_{kind}_lab{nn}.py" for kind in ("claims", "checks")]
+    texts = [t.read_text(encoding="utf-8") for t in tests if t.exists()]
+    assert any(f"lab{nn}.assert_claims(" in text and "raises(AssertionError" in text for text in texts), (
+        f"test_claims_lab{nn}.py should feed lab{nn}.assert_claims perturbed measurements under "
+        f"pytest.raises(AssertionError)")
