@@ -169,6 +169,11 @@ class EngineParts:
     def is_learners(self, name: str) -> bool:
         return name in self.overrides
 
+    def without(self, *names: str) -> "EngineParts":
+        """The same parts but `names`, which fall back to the reference (e.g. a lab-01 step in a chunked run)."""
+        keep = {n: f for n, f in self.overrides.items() if n not in names}
+        return EngineParts(keep, {n: o for n, o in self.origins.items() if n in keep})
+
     def subclass(self, base: type, component: str) -> type:
         """`base` itself, or a subclass of it whose methods are the learner's parts for `component`."""
         methods = {PARTS[n].attr: _guarded(n, fn) for n, fn in self.overrides.items()
