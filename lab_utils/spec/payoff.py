@@ -42,16 +42,19 @@ def breakeven_acceptance(k: int, step_cost: float, verify_cost: float, tol: floa
     return hi
 
 
-def check_payoff(rows: dict[str, tuple[float, float]], margin: float = 0.2) -> list[str]:
+def check_payoff(rows: dict[str, tuple[float, float]], margin: float = 0.2, noise: float = 0.1) -> list[str]:
     """rows: {proposer: (predicted speed-up, measured speed-up)}. Where the arithmetic is clear (the prediction
-    is more than `margin` away from 1), the measurement must land on the same side of 1. Returns the claims;
-    AssertionError naming the proposer otherwise."""
+    is more than `margin` away from 1), the measurement must not land on the other side of 1 by more than
+    `noise` (timing noise: a few tokens of a short run move a measured speed-up by several percent). Returns the
+    claims; AssertionError naming the proposer otherwise."""
     out = []
     for name, (pred, meas) in rows.items():
         if abs(pred - 1) <= margin:
             out.append(f"{name}: predicted {pred:.2f}x is too close to 1 to call; measured {meas:.2f}x")
             continue
-        assert (pred > 1) == (meas > 1), (f"{name}: the arithmetic predicts {pred:.2f}x but {meas:.2f}x was measured "
-                                          f"(a cost or an acceptance is mis-measured)")
-        out.append(f"{name}: predicted {pred:.2f}x, measured {meas:.2f}x: {'pays' if pred > 1 else 'does not pay'}")
+        wrong_side = (1 - meas) if pred > 1 else (meas - 1)
+        assert wrong_side <= noise, (f"{name}: the arithmetic predicts {pred:.2f}x but {meas:.2f}x was measured "
+                                     f"(a cost or an acceptance is mis-measured)")
+        out.append(f"{name}: predicted {pred:.2f}x, measured {meas:.2f}x: {'pays' if pred > 1 else 'does not pay'}"
+                   + ("" if (pred > 1) == (meas > 1) else f" (measured within {noise:.2f} of 1: timing noise)"))
     return out

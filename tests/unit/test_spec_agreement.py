@@ -137,4 +137,7 @@ def test_check_payoff_flags_a_prediction_on_the_wrong_side():
     claims = check_payoff({"eagle": (1.4, 1.25), "medusa": (0.7, 0.8), "draft": (1.05, 0.9)})
     assert len(claims) == 3 and "too close" in claims[2]
     with pytest.raises(AssertionError, match="eagle"):   # negative control
-        check_payoff({"eagle": (1.4, 0.9)})
+        check_payoff({"eagle": (1.4, 0.8)})
+    with pytest.raises(AssertionError, match="medusa"):  # the other side: predicted to lose, measured to pay
+        check_payoff({"medusa": (0.7, 1.15)})
+    assert "timing noise" in check_payoff({"eagle": (0.67, 1.05)})[0]
