@@ -123,14 +123,17 @@ def parts(upto: str | None = None, only: list[str] | None = None, quiet: bool = 
     for name, fn in _REGISTRY.items():
         chosen[name], origins[name] = fn, "yours (this notebook)"
     keep = {n: f for n, f in chosen.items()
-            if (upto is None or PARTS[n].lab <= upto) and (only is None or n in only)}
+            if (upto is None or PARTS[n].lab <= upto) and (only is None or n in only)
+            and (PARTS[n].carry or upto is None or PARTS[n].lab == upto)}
     result = EngineParts(keep, {n: origins[n] for n in keep})
     if not quiet:
         print("the engine runs:")
         for line in result.describe().splitlines():
-            lab = line.split()[1]
+            name, lab = line.split()[2], line.split()[1]
             if upto is None or lab <= upto:
-                print(line + ("" if "yours" in line else "   (you have not written it yet)"))
+                why = ("   (yours ran in its lab; later labs use the engine's fast version)" if name in chosen
+                       and not PARTS[name].carry else "   (you have not written it yet)")
+                print(line + ("" if "yours" in line else why))
     return result
 
 

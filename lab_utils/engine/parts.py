@@ -35,6 +35,9 @@ class Part:
     signature: str  # what the learner's function looks like
     summary: str  # one line: what it must do
     ref: str = ""  # where the reference lives, "module:Qualified.name" (default: the engine's core classes)
+    # False: used in its own lab only; later labs run the engine's fast version (a learner's slot mapping forces
+    # the slow reference attention path, several times slower on a CPU)
+    carry: bool = True
 
     def reference(self) -> Callable:
         """The engine's own version of this part."""
@@ -73,7 +76,7 @@ PARTS: dict[str, Part] = {p.name: p for p in [
     Part("scheduler.preempt", "02", "(self, req) -> None",
          "recompute preemption: off the batch, blocks freed, progress reset, to the front of the queue"),
     Part("attention.slot_mapping", "02", "(block_tables, context_lens, query_lens, block_size) -> list[int]",
-         "the cache slot of every token computed in this step, in step order"),
+         "the cache slot of every token computed in this step, in step order", carry=False),
     Part("scheduler.schedule_token_budget", "03", "(self) -> SchedulerOutput",
          "vLLM V1's step: running requests first (decode or next chunk), then new prompts, within the budget"),
     Part("block_manager.hash_block", "04", "(self, parent_hash, token_ids) -> int",

@@ -230,3 +230,12 @@ def test_the_engines_version_is_shown_only_after_the_learners_passed(capsys):
     learner.show_reference("block_manager.grow")
     shown = capsys.readouterr().out
     assert "The engine's own `grow`" in shown and "take_block()" in shown
+
+
+def test_the_slot_mapping_runs_in_its_own_lab_only(capsys):
+    learner.submit("attention.slot_mapping", reference("attention.slot_mapping"))
+    learner.submit("block_manager.grow", reference("block_manager.grow"))
+    assert learner.parts(upto="02").is_learners("attention.slot_mapping")
+    later = learner.parts(upto="03")
+    assert not later.is_learners("attention.slot_mapping") and later.is_learners("block_manager.grow")
+    assert "later labs use the engine's fast version" in capsys.readouterr().out
