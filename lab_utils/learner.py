@@ -97,6 +97,25 @@ def load_part(name: str) -> Callable | None:
     return _REGISTRY.get(name) or _load_saved(PARTS[name].component).get(name)
 
 
+def saved_parts(names, refs: dict[str, Callable], what: str) -> tuple[dict[str, Callable], list[str]]:
+    """For code in another process (TP ranks, P/D workers): {part: function} for every part in `refs`, the
+    learner's saved version (from my_engine/, wrapped so errors name the part) for those in `names`, the
+    reference for the rest; and the sorted names that are the learner's."""
+    from lab_utils.engine.parts import EngineParts
+
+    fns = {}
+    for name in names:
+        if name not in refs:
+            raise ValueError(f"learner_parts: {name!r} is not a {what} part; use {sorted(refs)}")
+        fn = load_part(name)
+        if fn is None:
+            raise ValueError(f"learner_parts asks for your {name}, but {learner_dir()} has none: run the "
+                             f"lab's check cell (it saves your function with learner.submit)")
+        fns[name] = fn
+    parts = EngineParts(fns)
+    return {n: parts.function(n, ref) for n, ref in refs.items()}, sorted(fns)
+
+
 def _load_saved(component: str) -> dict[str, Callable]:
     path = learner_dir() / f"{component}.py"
     if not path.exists():

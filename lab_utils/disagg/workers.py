@@ -99,20 +99,9 @@ def load_disagg_parts(names=()) -> tuple[dict, list[str]]:
     """{part: function} for the three hand-off parts (the learner's saved version for those in `names`, loaded
     from my_engine/ in this worker process; errors name the part), and the names of the learner's."""
     from lab_utils import learner
-    from lab_utils.engine.parts import EngineParts
 
     refs = {EXPORT_PART: export_kv, IMPORT_PART: import_kv, RESUME_PART: resume_prefilled, META_PART: request_meta}
-    fns = {}
-    for name in names:
-        if name not in refs:
-            raise ValueError(f"learner_parts: {name!r} is not a KV hand-off part; use {sorted(refs)}")
-        fn = learner.load_part(name)
-        if fn is None:
-            raise ValueError(f"learner_parts asks for your {name}, but {learner.learner_dir()} has none: run the "
-                             f"lab's check cell (it saves your function with learner.submit)")
-        fns[name] = fn
-    parts = EngineParts(fns)
-    return {n: parts.function(n, ref) for n, ref in refs.items()}, sorted(fns)
+    return learner.saved_parts(names, refs, "KV hand-off")
 
 
 def export_prompt_kv(engine, req: Request, export_fn=export_kv) -> dict[str, torch.Tensor]:

@@ -96,19 +96,9 @@ def load_tp_parts(names=()) -> tuple:
     """(shard_fn, row_fn, names used): the learner's saved versions of the parts in `names` (from my_engine/,
     `LAB_LEARNER_DIR`; these run in rank processes that cannot see the notebook), the reference elsewhere."""
     from lab_utils import learner
-    from lab_utils.engine.parts import EngineParts
 
-    fns = {}
-    for name in names:
-        if name not in (SHARD_PART, ROW_PART):
-            raise ValueError(f"learner_parts: {name!r} is not a tensor-parallel part; use {SHARD_PART!r}, {ROW_PART!r}")
-        fn = learner.load_part(name)
-        if fn is None:
-            raise ValueError(f"learner_parts asks for your {name}, but {learner.learner_dir()} has none: run the "
-                             f"lab's check cell (it saves your function with learner.submit)")
-        fns[name] = fn
-    parts = EngineParts(fns)
-    return parts.function(SHARD_PART, shard_weights), parts.function(ROW_PART, row_parallel), sorted(fns)
+    fns, mine = learner.saved_parts(names, {SHARD_PART: shard_weights, ROW_PART: row_parallel}, "tensor-parallel")
+    return fns[SHARD_PART], fns[ROW_PART], mine
 
 
 def shard_llama(model: nn.Module, comm: Comm, shard_fn=shard_weights, row_fn=row_parallel) -> nn.Module:
