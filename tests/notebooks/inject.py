@@ -65,3 +65,17 @@ def failed_cell(tmp_path: Path) -> nbformat.NotebookNode:
     nb = nbformat.read(Path(tmp_path) / "executed.ipynb", as_version=4)
     return next(c for c in nb.cells if c.cell_type == "code"
                 and any(o.get("output_type") == "error" for o in c.get("outputs", [])))
+
+
+def assert_fails_at_check(lab_path: Path, marker: str, body: str, message: str, check: str, tmp_path: Path) -> None:
+    """The lab with `body` in the exercise at `marker` stops with an AssertionError carrying `message`, raised in
+    the cell that calls `check` (not deeper in the lab), and the failed part is not saved as the learner's."""
+    import papermill
+    import pytest
+
+    with pytest.raises(papermill.PapermillExecutionError) as err:
+        run_with_solution(lab_path, marker, body, tmp_path)
+    assert err.value.ename == "AssertionError", f"{err.value.ename}: {err.value.evalue}"
+    assert message in str(err.value), str(err.value)[-2000:]
+    cell = failed_cell(tmp_path)
+    assert check in cell.source, f"the lab failed in another cell than its check:\n{cell.source}"
