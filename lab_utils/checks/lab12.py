@@ -273,6 +273,13 @@ def _stream_in_engine(fn: Callable) -> int:
     model = build_random(REGISTRY["tiny-random"].config, seed=0).eval()
     engine = LLMEngine((model, None), EngineConfig(max_num_seqs=4, block_size=4, num_gpu_blocks=64,
                                                    max_model_len=256, enable_prefix_caching=False), device="cpu")
+    real_step = engine.step
+
+    def paced_step():  # a tiny model decodes 200 tokens faster than a client reads 3 events: pace it like a real one
+        time.sleep(0.02)
+        return real_step()
+
+    engine.step = paced_step
     aengine = AsyncEngine(engine)
     prompt = torch.randint(0, 1000, (12,), generator=torch.Generator().manual_seed(0)).tolist()
 
