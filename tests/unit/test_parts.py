@@ -9,7 +9,7 @@ from lab_utils.checks import parts_check
 from lab_utils.engine.block_manager import BlockManager
 from lab_utils.engine.parts import PARTS, EngineParts, LearnerPartError
 from lab_utils.engine.request import Status
-from lab_utils.engine.scheduler import Scheduler, SchedulerOutput
+from lab_utils.engine.scheduler import SchedulerOutput
 
 
 def reference(name: str):
@@ -111,18 +111,6 @@ def counts_all_tokens(req, token, eos_ids, max_model_len):
     return "length" if req.num_tokens >= req.params.max_tokens or req.num_tokens >= max_model_len else None
 
 
-def commits_partial(self, req):
-    """Names a block before it is full (rounds up)."""
-    bs, parent = self.block_size, None
-    for i in range(min(-(-req.num_computed_tokens // bs), len(req.block_table))):
-        ids = tuple(req.token_ids[i * bs:(i + 1) * bs])
-        parent = self.hash_block(parent, ids)
-        blk = self.blocks[req.block_table[i]]
-        if blk.hash is None:
-            blk.hash, blk.token_ids = parent, ids
-            self.hash_to_block.setdefault(parent, blk.block_id)
-
-
 def evict_newest(self):
     bid, _ = self.evictable.popitem(last=True)
     blk = self.blocks[bid]
@@ -140,7 +128,6 @@ def evict_newest(self):
     ("attention.slot_mapping", slots_off_by_one, "slot"),
     ("block_manager.evict", evict_newest, "least recently used"),
     ("engine.stop_reason", stops_on_eos_always, "ignore_eos"),
-    ("block_manager.commit_full_blocks", commits_partial, "only full blocks"),
     ("engine.stop_reason", counts_all_tokens, "output tokens only"),
 ])
 def test_a_wrong_part_fails_its_check_with_a_named_message(name, wrong, words):
