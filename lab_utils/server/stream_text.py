@@ -10,7 +10,8 @@ text sent so far ended on a whole character, so decoding from there agrees with 
 
 Stop strings: the final text is cut before the first stop string, so a stream must never send one, nor the
 start of one that the next tokens might complete. `StopHoldBack` keeps back the longest tail of the text that
-is a prefix of some stop string, and stops sending at a complete one. Concatenated chunks == the final text.
+is a prefix of some stop string, and stops sending at a complete one that no earlier-starting stop can still
+overtake. Concatenated chunks == the final text.
 """
 from __future__ import annotations
 
@@ -64,12 +65,12 @@ class StopHoldBack:
         """The next piece of `text` (all text decoded so far) that is safe to send."""
         if self.stopped:
             return ""
-        cut = min((i for i in (text.find(s) for s in self.stops) if i >= 0), default=-1)
-        if cut >= 0:
-            self.stopped = True
-            end = cut
-        else:
-            end = len(text) - longest_partial_stop(text, self.stops)
+        cut = min((i for i in (text.find(s) for s in self.stops) if i >= 0), default=len(text))
+        # a longer stop string that starts before `cut` may still complete (if the engine does not stop at this
+        # step, e.g. its stop check missed a stop split by a special token): hold back from where it would start
+        partial = len(text) - longest_partial_stop(text, self.stops)
+        end = min(cut, partial)
+        self.stopped = end == cut < len(text)
         piece = text[self.sent:end] if end > self.sent else ""
         self.sent = max(self.sent, end)
         return piece

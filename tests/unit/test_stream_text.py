@@ -77,6 +77,16 @@ def test_hold_back_keeps_a_possible_stop_start():
     assert longest_partial_stop("abc", ["cde", "bcx"]) == 2
 
 
+def test_a_complete_stop_waits_for_a_longer_one_that_starts_earlier():
+    """'!"' holds '"' complete, but '!"!' starting at 0 may still complete and cut earlier: nothing is sent yet."""
+    h = StopHoldBack(['!"!', '"'])
+    assert h.release("!") == ""  # '!' may start '!"!'
+    assert h.release('!"') == "" and not h.stopped  # '"' is complete at 1, but '!"!' may still start at 0
+    assert h.release('!"!') == "" and h.stopped  # the earliest stop wins: the final text is ''
+    h = StopHoldBack(['!"!', '"'])
+    assert h.release("!") == "" and h.release('!"x') == "!" and h.stopped  # '!"!' ruled out: cut at '"'
+
+
 def test_final_refuses_a_stream_that_is_not_a_prefix(tok):
     s = StreamText(tok, [])
     s.delta(tok("Hello world", add_special_tokens=False).input_ids)
