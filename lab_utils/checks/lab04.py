@@ -188,20 +188,55 @@ def check_evict(fn: Callable, trials: int = 150, seed: int = 0, submit: bool = T
 
 
 # --- the lab's closing claims --------------------------------------------------------------------------------
+def prefill_cost_fit(prompt_lens: list[int], ttfts_s: list[float]) -> tuple[float, float]:
+    """(a, b) of TTFT = a + b x prompt tokens, least squares over the caching-off run (one request at a time, so
+    TTFT is the prefill). a is what a step costs whatever its size (kernel launches, scheduling), b what a prompt
+    token costs on this device: a CPU is all b; a small model on a GPU is mostly a (launch-bound)."""
+    n = len(prompt_lens)
+    if n < 2 or len(ttfts_s) != n:
+        raise ValueError(f"need a TTFT for each of >= 2 prompts, got {n} prompts and {len(ttfts_s)} TTFTs")
+    mx, my = sum(prompt_lens) / n, sum(ttfts_s) / n
+    sxx = sum((x - mx) ** 2 for x in prompt_lens)
+    b = sum((x - mx) * (y - my) for x, y in zip(prompt_lens, ttfts_s)) / sxx if sxx else 0.0
+    a = my - b * mx
+    if a < 0 or b < 0:  # attention makes long prefills super-linear (a < 0), or noise: a line through 0 or flat
+        a, b = (0.0, sum(x * y for x, y in zip(prompt_lens, ttfts_s)) / sum(x * x for x in prompt_lens)) if a < 0 \
+            else (my, 0.0)
+    return a, b
+
+
+def predicted_ttft_cut(fit: tuple[float, float], prompt_lens: list[int], cached: list[int]) -> float:
+    """The share of mean TTFT prefix caching should save, from the fitted costs: a hit skips its tokens' b, never
+    the step's a (at least one token is always computed)."""
+    a, b = fit
+    off = sum(a + b * n for n in prompt_lens)
+    on = sum(a + b * max(1, n - c) for n, c in zip(prompt_lens, cached))
+    return 1 - on / off if off > 0 else 0.0
+
+
 def claims(r: dict) -> list[tuple[str, bool]]:
-    """Lab 04's claims from the runs' measurements `r` (built in the notebook's claims cell)."""
+    """Lab 04's claims from the runs' measurements `r` (built in the notebook's claims cell).
+
+    The TTFT and replay claims expect what this device's prefill costs predict (`ttft_cut_predicted`, from
+    `prefill_cost_fit` and the hits of the run): on a CPU a hit saves most of a prompt's prefill; on a GPU a
+    small model's prefill is launch-bound, so a hit saves little time there, and the claim says so."""
     from lab_utils.checks.claims import need
 
-    need(r, "hit_rate", "mean_ttft_off_ms", "mean_ttft_on_ms", "replay_s_off", "replay_s_on", "hit_rate_by_pool",
-         "replies_identical", "replies", "learners_parts")
-    cut = 1 - r["mean_ttft_on_ms"] / r["mean_ttft_off_ms"]
+    need(r, "hit_rate", "mean_ttft_off_ms", "mean_ttft_on_ms", "ttft_cut_predicted", "replay_s_off", "replay_s_on",
+         "hit_rate_by_pool", "replies_identical", "replies", "learners_parts")
+    cut, pred = 1 - r["mean_ttft_on_ms"] / r["mean_ttft_off_ms"], r["ttft_cut_predicted"]
+    compute_bound = pred >= 0.5  # a hit saves most of the prefill: it must show plainly
     pools = r["hit_rate_by_pool"]
     small, large = pools[min(pools)], pools[max(pools)]
+    ratio = r["replay_s_off"] / r["replay_s_on"]
     return [
         (f"hit rate {r['hit_rate']:.2f} >= 0.5 on the shared-prefix workload", r["hit_rate"] >= 0.5),
-        (f"TTFT reduced by {100 * cut:.0f}% >= 30%", cut >= 0.30),
-        (f"the replay finishes faster with caching ({r['replay_s_off'] / r['replay_s_on']:.2f}x)",
-         r["replay_s_on"] < r["replay_s_off"]),
+        (f"TTFT reduced by {100 * cut:.0f}%, >= 0.6x of the {100 * pred:.0f}% this device's measured prefill costs "
+         f"predict for these hits" + (" (and >= 30%, as prefill is compute-bound here)" if compute_bound else ""),
+         cut >= 0.6 * pred - 0.05 and (cut >= 0.30 or not compute_bound)),
+        (f"the replay finishes faster with caching ({ratio:.2f}x)" if pred >= 0.1 else
+         f"the replay is no slower with caching ({ratio:.2f}x; prefill is launch-bound here, a hit saves little)",
+         r["replay_s_on"] < r["replay_s_off"] if pred >= 0.1 else r["replay_s_on"] <= 1.05 * r["replay_s_off"]),
         (f"memory pressure evicts: hit rate {small:.2f} (smallest pool) < {large:.2f} (largest)", small < large),
         (f"the cache changes no reply: {r['replies_identical']} of {r['replies']} greedy replies identical with "
          f"caching off and on", r["replies"] > 0 and r["replies_identical"] == r["replies"]),

@@ -99,8 +99,8 @@ def test_not_implemented_propagates(part):
 
 # --- negative controls for the lab's closing claims ------------------------------------------------------------
 def _run() -> dict:
-    return dict(hit_rate=0.82, mean_ttft_off_ms=120.0, mean_ttft_on_ms=40.0, replay_s_off=9.0, replay_s_on=6.0,
-                hit_rate_by_pool={12: 0.3, 24: 0.6, 48: 0.82}, replies_identical=18, replies=18, learners_parts=True)
+    return dict(hit_rate=0.82, mean_ttft_off_ms=120.0, mean_ttft_on_ms=40.0, ttft_cut_predicted=0.7, replay_s_off=9.0,
+                replay_s_on=6.0, hit_rate_by_pool={12: 0.3, 24: 0.6, 48: 0.82}, replies_identical=18, replies=18, learners_parts=True)
 
 
 def test_claims_pass_on_a_good_run(capsys):
@@ -111,6 +111,7 @@ def test_claims_pass_on_a_good_run(capsys):
 @pytest.mark.parametrize("key, value, message", [
     ("hit_rate", 0.2, "hit rate 0.20 >= 0.5"),
     ("mean_ttft_on_ms", 100.0, "TTFT reduced"),
+    ("mean_ttft_on_ms", 90.0, "TTFT reduced"),  # 25%: below 30% where prefill is compute-bound
     ("replay_s_on", 9.5, "finishes faster"),
     ("hit_rate_by_pool", {12: 0.82, 48: 0.82}, "memory pressure evicts"),
     ("replies_identical", 17, "changes no reply"),
@@ -124,6 +125,35 @@ def test_each_claim_can_fail(key, value, message):
         r["replies_identical"] = 0
     with pytest.raises(AssertionError, match=message):
         lab04.assert_claims(r, show=False)
+
+
+def test_ttft_claims_follow_the_device():
+    """A launch-bound GPU: a hit saves ~3% of TTFT, measured 1% (noise): passes; the CPU's fixed 30% would fail it.
+    A compute-bound device whose costs predict 70% must show it."""
+    gpu = _run() | dict(mean_ttft_off_ms=6.0, mean_ttft_on_ms=5.94, ttft_cut_predicted=0.03, replay_s_on=9.1)
+    text = {t: ok for t, ok in lab04.claims(gpu)}
+    assert all(text.values()), [t for t, ok in text.items() if not ok]
+    assert any("no slower" in t for t in text)
+    for bad in (dict(mean_ttft_on_ms=8.0), dict(replay_s_on=9.6)):  # slower with caching: fails even there
+        with pytest.raises(AssertionError):
+            lab04.assert_claims(gpu | bad, show=False)
+    with pytest.raises(AssertionError, match="TTFT reduced by 40%"):  # 90% predicted, 40% measured (< 0.6 x 90 - 5)
+        lab04.assert_claims(_run() | dict(mean_ttft_on_ms=72.0, ttft_cut_predicted=0.9), show=False)
+
+
+def test_prefill_cost_fit_and_prediction():
+    lens = [100, 200, 300, 400]
+    cpu = lab04.prefill_cost_fit(lens, [0.001 + 1e-4 * n for n in lens])  # per-token cost dominates
+    assert cpu == pytest.approx((0.001, 1e-4))
+    gpu = lab04.prefill_cost_fit(lens, [0.006 + 1e-7 * n for n in lens])  # the step's fixed cost dominates
+    cached = [0, 160, 256, 352]
+    assert lab04.predicted_ttft_cut(cpu, lens, cached) > 0.5
+    assert lab04.predicted_ttft_cut(gpu, lens, cached) < 0.02
+    # super-linear (attention): no negative fixed cost; flat noise: no negative slope
+    assert lab04.prefill_cost_fit(lens, [1e-6 * n * n for n in lens])[0] == 0.0
+    assert lab04.prefill_cost_fit(lens, [0.006, 0.0059, 0.0058, 0.0057])[1] == 0.0
+    with pytest.raises(ValueError, match=">= 2 prompts"):
+        lab04.prefill_cost_fit([100], [0.01])
 
 
 def _commits_partial(self, req):

@@ -15,7 +15,7 @@ def good() -> dict:
                 n_configs=7, ngram_speedup={2: 1.77, 4: 2.01, 8: 2.17}, verify_cost_ratio=1.5, acceptance=acc,
                 speedup={n: 1.0 for n in acc},
                 verify_parts={"spec.residual": True, "spec.accept_reject": True, "spec.verify_greedy": True,
-                              "spec.rollback": True}, verify_steps=40)
+                              "spec.rollback": True}, verify_steps=40, near_tie=1e-3)
 
 
 def test_a_good_run_passes(capsys):
@@ -27,6 +27,21 @@ def test_a_near_tie_is_not_a_failure():
     r = good()
     r["gaps"] = {"ngram k=8": [2e-4]}
     lab07.assert_claims(r, show=False)
+
+
+def test_the_near_tie_follows_the_dtype():
+    """bf16 rounds a logit of 20 by ~0.08: a 0.3 gap is a near-tie there, a real difference in fp32."""
+    import torch
+
+    assert lab07.near_tie(torch.float32, 20.0) == 1e-3
+    bf16 = lab07.near_tie(torch.bfloat16, 20.0)
+    assert 1.0 < bf16 < 1.5
+    r = good() | dict(gaps={"draft k=4": [0.3]})
+    lab07.assert_claims(r | dict(near_tie=bf16), show=False)
+    with pytest.raises(AssertionError, match="token-identical"):
+        lab07.assert_claims(r | dict(near_tie=lab07.near_tie(torch.float32, 20.0)), show=False)
+    with pytest.raises(AssertionError, match="token-identical"):  # a corrupted KV gives gaps of several logits
+        lab07.assert_claims(good() | dict(gaps={"draft k=4": [4.0]}, near_tie=bf16), show=False)
 
 
 def test_without_both_drafts_the_comparison_is_left_out():
