@@ -48,6 +48,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="minutes between validation checks (early stopping) and learning-curve points")
     ap.add_argument("--ckpt", default=None, help="resumable checkpoint file (default: in the cache, named by the run)")
     ap.add_argument("--card-only", action="store_true", help="rewrite README.md from --out's train_result.json")
+    ap.add_argument("--machine", default="one core of a 2-core x86_64 CPU VM",
+                    help="where it trains, for the model card (e.g. how busy the other core was)")
     ap.add_argument("--smoke", action="store_true")
     ap.add_argument("--seed", type=int, default=0)
     return ap
@@ -147,7 +149,7 @@ registry does not mistake this folder for a full model).
   1..{cfg['window']} per step; loss = smooth-L1(feature) + {args.ce_weight:g} x CE(lm_head(feature), target's token), plus the
   same on a second pass in which half the rows get the head's own previous prediction (and uniform feature noise), so
   it keeps going on its own drafts. The CE runs over the draft vocabulary (what the head scores when serving).
-  {r['seconds']} s on one niced core of a 2-core x86_64 CPU VM shared with other jobs (resumable checkpoints).
+  {r['seconds']} s on {r['args'].get('machine', 'one core of a 2-core x86_64 CPU VM')} (resumable checkpoints).
 - Early stopping: {v['sequences']} of the generated training sequences are kept out for validation (mean accepted
   chain length, checked every {args.val_every:g} min); the weights of step {v['best_step']} are shipped.
 - Learning curve (`learning_curve` in `train_result.json`; held-out first-guess acceptance by positions seen):

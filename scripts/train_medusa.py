@@ -43,6 +43,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="minutes between validation checks (early stopping) and learning-curve points")
     ap.add_argument("--ckpt", default=None, help="resumable checkpoint file (default: in the cache, named by the run)")
     ap.add_argument("--card-only", action="store_true", help="rewrite README.md from --out's train_result.json")
+    ap.add_argument("--machine", default="one core of a 2-core x86_64 CPU VM",
+                    help="where it trains, for the model card (e.g. how busy the other core was)")
     ap.add_argument("--smoke", action="store_true")
     ap.add_argument("--seed", type=int, default=0)
     return ap
@@ -129,7 +131,7 @@ config: `{CONFIG_NAME}` (named so the model registry does not mistake this folde
 - Corpus: {describe(d)}
 - {r['steps']} AdamW steps, batch {r['batch']} positions ({r['positions_seen']:,} positions seen), lr cosine from
   {args.lr:g} (over {args.steps} steps or {args.max_minutes:g} min, whichever ends first), loss = sum_i 0.8^i CE_i over
-  the draft vocabulary; {r['seconds']} s on one niced core of a 2-core x86_64 CPU VM shared with other jobs
+  the draft vocabulary; {r['seconds']} s on {r['args'].get('machine', 'one core of a 2-core x86_64 CPU VM')}
   (resumable checkpoints).
 - Early stopping: {v['sequences']} of the generated training sequences are kept out for validation (mean accepted
   chain length, checked every {args.val_every:g} min); the weights of step {v['best_step']} are shipped.

@@ -189,9 +189,9 @@ def check_evict(fn: Callable, trials: int = 150, seed: int = 0, submit: bool = T
 
 # --- the lab's closing claims --------------------------------------------------------------------------------
 def prefill_cost_fit(prompt_lens: list[int], ttfts_s: list[float]) -> tuple[float, float]:
-    """(a, b) of TTFT = a + b x prompt tokens, least squares over the caching-off run (one request at a time, so
-    TTFT is the prefill). a is what a step costs whatever its size (kernel launches, scheduling), b what a prompt
-    token costs on this device: a CPU is all b; a small model on a GPU is mostly a (launch-bound)."""
+    """(a, b) of TTFT = a + b x prompt tokens, least squares over prefills timed alone (TTFT is then the prefill)
+    at lengths far apart. a is what a step costs whatever its size (kernel launches, scheduling), b what a prompt
+    token costs on this device: a CPU is mostly b; a small model on a GPU is mostly a (launch-bound)."""
     n = len(prompt_lens)
     if n < 2 or len(ttfts_s) != n:
         raise ValueError(f"need a TTFT for each of >= 2 prompts, got {n} prompts and {len(ttfts_s)} TTFTs")
