@@ -13,7 +13,8 @@ finite value) has two behaviours, chosen by `saturate`:
 
 - `saturate=False`: IEEE formats give ±inf, E4M3 gives NaN (it has no inf). This is what a plain IEEE cast does.
 - `saturate=True`: clamp to ±max (and ±inf to ±max). This is what FP8 quantization code does, and what
-  `torch`'s cast to `float8_e4m3fn` does. Defaults mirror torch's casts: saturate for E4M3, not for the others.
+  `torch`'s cast to `float8_e4m3fn` does in torch 2.13 (2.11's gives NaN: clamp before casting, as the engine's
+  `fp8_encode` does). Defaults: saturate for E4M3, not for the others.
 
 Encoding starts from a Python float (a double) and rounds once. Casting a double through float32 first (what
 `torch` does for float64 → float8) can round twice and land one step away: 1 + 2^-4 + 2^-30 is just above a tie
