@@ -11,7 +11,7 @@ bits they spend, and in what the all-ones exponent means:
 Encoding rounds to nearest, ties to even (the IEEE default). Overflow (the rounded value is above the largest
 finite value) has two behaviours, chosen by `saturate`:
 
-- `saturate=False`: IEEE formats give ±inf, E4M3 gives NaN (it has no inf). This is what a plain IEEE cast does.
+- `saturate=False`: IEEE formats give ±inf, E4M3 gives NaN with the sign kept (it has no inf), as a plain cast does.
 - `saturate=True`: clamp to ±max (and ±inf to ±max). This is what FP8 quantization code does, and what
   `torch`'s cast to `float8_e4m3fn` does in torch 2.13 (2.11's gives NaN: clamp before casting, as the engine's
   `fp8_encode` does). Defaults: saturate for E4M3, not for the others.
@@ -183,7 +183,7 @@ class FloatFormat:
             return (sign << (self.bits - 1)) | self._magnitude_bits(self.max_value)
         if self.ieee_specials:
             return self.inf_bits(bool(sign))
-        return self.nan_bits
+        return (sign << (self.bits - 1)) | self.nan_bits  # S.1111.111: a cast keeps the sign (torch 2.11)
 
     def round(self, x: float, saturate: bool | None = None) -> float:
         """The value `x` becomes when stored in this format."""
@@ -238,7 +238,7 @@ class FloatFormat:
         if self.ieee_specials:
             mag = torch.where(torch.isinf(a), torch.full_like(mag, self.exp_all_ones << self.mantissa_bits), mag)
         mag = torch.where(torch.isnan(a), torch.full_like(mag, self.nan_bits), mag)
-        sign = torch.where(torch.isnan(a), torch.zeros_like(sign), sign)
+        sign = torch.where(torch.isnan(x), torch.zeros_like(sign), sign)  # a NaN input: the canonical NaN
         return (sign << (self.bits - 1)) | mag
 
     def decode_tensor(self, bits: torch.Tensor) -> torch.Tensor:

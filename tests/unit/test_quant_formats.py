@@ -91,10 +91,14 @@ def test_random_values_subnormals_and_overflow_match_torch(fmt):
     sub = torch.rand(n // 10, generator=g) * fmt.min_normal  # the subnormal range itself
     x = torch.cat([mag, sub]) * torch.where(torch.rand(n + n // 10, generator=g) < 0.5, -1.0, 1.0)
     x = torch.cat([x, torch.tensor([0.0, -0.0, math.inf, -math.inf, fmt.max_value * 1.01, -fmt.max_value * 4])]).float()
-    assert torch.equal(fmt.encode_tensor(x), torch_bits(x, fmt)), "vectorised encode differs from torch"
+    # how this torch's cast treats overflow: E4M3 saturates in torch 2.13, gives NaN in 2.11 (IEEE formats: inf)
+    big = torch.tensor([fmt.max_value * 4]).to(fmt.torch_dtype).double()
+    sat = bool(torch.isfinite(big).all())
+    assert sat == fmt.saturate_default or fmt.name == "fp8_e4m3", "only E4M3's overflow differs between torch versions"
+    assert torch.equal(fmt.encode_tensor(x, sat), torch_bits(x, fmt)), "vectorised encode differs from torch"
     picks = x[::37]
-    assert [fmt.encode(float(v)) for v in picks] == torch_bits(picks, fmt).tolist(), "scalar encode differs"
-    assert same(fmt.round_tensor(x).double(), x.to(fmt.torch_dtype).double())
+    assert [fmt.encode(float(v), sat) for v in picks] == torch_bits(picks, fmt).tolist(), "scalar encode differs"
+    assert same(fmt.round_tensor(x, sat).double(), x.to(fmt.torch_dtype).double())
 
 
 def test_fp32_random_bit_patterns_and_rounding_from_double():
