@@ -199,9 +199,10 @@ def prefill_cost_fit(prompt_lens: list[int], ttfts_s: list[float]) -> tuple[floa
     sxx = sum((x - mx) ** 2 for x in prompt_lens)
     b = sum((x - mx) * (y - my) for x, y in zip(prompt_lens, ttfts_s)) / sxx if sxx else 0.0
     a = my - b * mx
-    if a < 0 or b < 0:  # attention makes long prefills super-linear (a < 0), or noise: a line through 0 or flat
-        a, b = (0.0, sum(x * y for x, y in zip(prompt_lens, ttfts_s)) / sum(x * x for x in prompt_lens)) if a < 0 \
-            else (my, 0.0)
+    if a < 0:  # attention makes long prefills super-linear: a line through the origin instead
+        a, b = 0.0, sum(x * y for x, y in zip(prompt_lens, ttfts_s)) / sum(x * x for x in prompt_lens)
+    elif b < 0:  # timing noise on a flat, launch-bound cost: no per-token cost
+        a, b = my, 0.0
     return a, b
 
 
