@@ -100,7 +100,8 @@ def test_not_implemented_propagates(part):
 # --- negative controls for the lab's closing claims ------------------------------------------------------------
 def _run() -> dict:
     return dict(hit_rate=0.82, mean_ttft_off_ms=120.0, mean_ttft_on_ms=40.0, ttft_cut_predicted=0.7, replay_s_off=9.0,
-                replay_s_on=6.0, hit_rate_by_pool={12: 0.3, 24: 0.6, 48: 0.82}, replies_identical=18, replies=18, learners_parts=True)
+                replay_s_on=6.0, hit_rate_by_pool={12: 0.3, 24: 0.6, 48: 0.82}, replies_identical=18, replies=18,
+                learners_parts=True)
 
 
 def test_claims_pass_on_a_good_run(capsys):
