@@ -7,6 +7,7 @@ expected vs got, plus a diagnosis when the difference matches a known mistake. I
 """
 from __future__ import annotations
 
+import os
 import random
 from collections.abc import Callable
 
@@ -138,13 +139,6 @@ def layout_conversation(rng: random.Random, turns: int) -> list[dict]:
     return out
 
 
-def _common(a: str, b: str) -> int:
-    n = 0
-    while n < min(len(a), len(b)) and a[n] == b[n]:
-        n += 1
-    return n
-
-
 def check_prompt_layout(fn: Callable[..., str], seed: int | None = 0, conversations: int = 30) -> None:
     """`fn(system, history, state, passages, message) -> str` on random conversations: every segment in the
     prompt, the new message last, and from one turn to the next the prompt keeps the system prompt and the whole
@@ -168,7 +162,7 @@ def check_prompt_layout(fn: Callable[..., str], seed: int | None = 0, conversati
                                      f"new message (the model answers what comes last)")
             if prev is not None:
                 stable = prev["system"], *prev["history"]  # what turn t-1 had that turn t keeps, unchanged
-                common = _common(prev["prompt"], got)
+                common = len(os.path.commonprefix([prev["prompt"], got]))
                 where = [x for x in stable if got.find(x) + len(x) > common or prev["prompt"].find(x) + len(x) > common]
                 if where:
                     at = got[common:common + 40]
