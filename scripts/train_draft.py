@@ -22,7 +22,7 @@ from lab_utils.paths import DATA_DIR, cache_dir
 
 TEACHER = "smollm2-135m"
 OUT_DIR = DATA_DIR / "models" / "smollm2-draft"
-# what made data/models/smollm2-draft (the teacher stage ran beside the training stage, which picks up new
+# runs 1 and 2 of data/models/smollm2-draft on teacher targets (the teacher stage ran beside the training stage, which picks up new
 # teacher sequences at every evaluation)
 COMMAND = """export PYTHONPATH=$PWD OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1
 # run 1 (session of 2026-11-30 early): 512 teacher sequences, 330 steps from the PCA initialisation
@@ -36,6 +36,13 @@ python scripts/train_draft.py --stage teacher --minutes 25 --train-prompts 6000
 python scripts/train_draft.py --stage train --minutes 35 --eval-every 200 --lr 1e-3 --alpha 0.5 \\
     --raw-per-batch 2 --init-from /tmp/draft_v1 &
 python scripts/train_draft.py --stage teacher --minutes 7 --train-prompts 600 --mix 0 0 0 1"""
+# what made the shipped data/models/smollm2-draft: the checkpoint of COMMAND, continued on the heads' corpus
+# (scripts/train_eagle.py builds it; it adds the target's answers to everyday assistant requests)
+CORPUS_COMMAND = """export PYTHONPATH=$PWD OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1
+python scripts/train_eagle.py --gen-shards 12 --fixed-shards 16 --asst-shards 16 --corpus-only
+cp -r data/models/smollm2-draft /tmp/draft_v2      # the checkpoint COMMAND made
+python scripts/train_draft.py --stage train --corpus 12 16 16 --minutes 25 --eval-every 200 --lr 1e-3 \\
+    --alpha 1.0 --raw-per-batch 0 --init-from /tmp/draft_v2"""
 
 
 def targets_path() -> Path:
@@ -104,8 +111,11 @@ def main(argv: list[str] | None = None) -> None:
                     "the PCA initialisation")
     ap.add_argument("--raw-per-batch", type=int, default=3, help="plain-text windows per step (CE, no teacher)")
     ap.add_argument("--raw-texts", type=int, default=4000, help="plain-text windows to draw them from")
+    ap.add_argument("--corpus", nargs=3, type=int, default=None, metavar=("GEN", "FIXED", "ASST"),
+                    help="train on the heads' corpus (shards of each kind, as scripts/train_eagle.py builds them) "
+                    "with the target's greedy tokens as labels, instead of the teacher stage's targets")
     args = ap.parse_args(argv)
-    args.command = COMMAND
+    args.command = CORPUS_COMMAND if args.corpus else COMMAND
     torch.set_num_threads(1)
     if args.stage == "teacher" and not args.smoke:
         stage_teacher(args)

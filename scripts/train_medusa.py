@@ -39,6 +39,10 @@ def build_parser() -> argparse.ArgumentParser:
                     help="score only the N most frequent target tokens of the corpus (0: the full vocabulary)")
     ap.add_argument("--gen-shards", type=int, default=6, help="corpus shards of the target's own answers (64 each)")
     ap.add_argument("--fixed-shards", type=int, default=6, help="corpus shards of prefilled fixed text (64 each)")
+    ap.add_argument("--asst-shards", type=int, default=0,
+                    help="corpus shards of the target's answers to everyday assistant requests (64 each)")
+    ap.add_argument("--corpus-only", action="store_true",
+                    help="build the missing corpus shards and stop (run two at once to use two cores)")
     ap.add_argument("--val-every", type=float, default=2.0,
                     help="minutes between validation checks (early stopping) and learning-curve points")
     ap.add_argument("--ckpt", default=None, help="resumable checkpoint file (default: in the cache, named by the run)")
@@ -58,13 +62,19 @@ def main(argv: list[str] | None = None) -> dict:
         write_card(Path(args.out), r, r["config"], argparse.Namespace(**r["args"]))
         return r
     torch.manual_seed(args.seed)
-    spec = SMOKE_DATA if args.smoke else CorpusSpec(gen_shards=args.gen_shards, fixed_shards=args.fixed_shards)
+    spec = SMOKE_DATA if args.smoke else CorpusSpec(gen_shards=args.gen_shards, fixed_shards=args.fixed_shards,
+                                                              asst_shards=args.asst_shards)
     if args.smoke:
         args.steps, args.batch, args.lr, args.out = 30, 64, 3e-3, tempfile.mkdtemp(prefix="medusa-smoke-")
         args.val_every, args.draft_vocab = 0.05, min(args.draft_vocab, 2048)
-    run_name = f"ckpt-medusa-{spec.key()}-g{spec.gen_shards}f{spec.fixed_shards}.pt"   # the corpus it trains on
+    run_name = f"ckpt-medusa-{spec.key()}-{spec.shards_tag()}.pt"   # the corpus it trains on
     ckpt = None if args.smoke else (args.ckpt or cache_dir() / "spec_heads" / run_name)
     t0 = time.time()
+    if args.corpus_only:
+        from lab_utils.spec.heads_corpus import build_corpus
+
+        build_corpus(spec)
+        return {}
     hd = load_training_data(spec)
     target, data, train, val, starts = hd.target, hd.data, hd.train, hd.val, hd.heldout_starts
     heads = MedusaHeads(target.config.hidden_size, args.heads)

@@ -181,7 +181,14 @@ def run_cli(args, targets_path: Path, out_dir: Path, teacher_name: str) -> dict:
         args.train_batch, args.raw_per_batch = 4, min(args.raw_per_batch, 1)
         print(f"[smoke] {len(train_rec)} teacher sequences in {time.time() - t0:.0f}s", flush=True)
     else:
-        recs, meta = load_targets(targets_path)
+        if getattr(args, "corpus", None):  # the heads' corpus: the target's greedy tokens as labels
+            from lab_utils.distill.corpus_targets import corpus_records
+            from lab_utils.spec.heads_corpus import CorpusSpec
+
+            g, f, a = args.corpus
+            recs, meta = corpus_records(CorpusSpec(gen_shards=g, fixed_shards=f, asst_shards=a), tok)
+        else:
+            recs, meta = load_targets(targets_path)
         train_rec = recs["train"]
         val_rec, test_rec = _split_heldout(recs["heldout"])
         steps, deadline = args.steps, t0 + args.minutes * 60
@@ -201,10 +208,11 @@ def run_cli(args, targets_path: Path, out_dir: Path, teacher_name: str) -> dict:
     best = {"agreement": -1.0}
     summary: dict = {}
 
-    mtime = [targets_path.stat().st_mtime if targets_path.exists() else 0.0]
+    grows = not args.smoke and not getattr(args, "corpus", None)  # a teacher stage may add targets meanwhile
+    mtime = [targets_path.stat().st_mtime if grows and targets_path.exists() else 0.0]
 
     def on_eval(step, ev, log):
-        if not args.smoke and targets_path.stat().st_mtime != mtime[0]:  # the teacher stage added sequences
+        if grows and targets_path.stat().st_mtime != mtime[0]:  # the teacher stage added sequences
             mtime[0] = targets_path.stat().st_mtime
             more = load_targets(targets_path)[0]["train"][len(train_rec):]
             train_rec.extend(more)

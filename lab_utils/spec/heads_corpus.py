@@ -45,6 +45,7 @@ class CorpusSpec:
     model: str = "smollm2-135m"
     gen_shards: int = 6          # shards of the target's generated answers
     fixed_shards: int = 6        # shards of prefilled fixed text
+    asst_shards: int = 0         # shards of the target's answers to everyday assistant requests
     shard_prompts: int = 64      # prompts (gen) or sequences (fixed) per shard
     max_new_tokens: int = 96
     fixed_len: int = 320         # tokens per fixed-text sequence
@@ -52,17 +53,22 @@ class CorpusSpec:
     seed: int = 0
 
     def key(self) -> str:
-        d = {k: v for k, v in asdict(self).items() if k not in ("gen_shards", "fixed_shards")}
+        d = {k: v for k, v in asdict(self).items() if k not in ("gen_shards", "fixed_shards", "asst_shards")}
         return hashlib.sha1(json.dumps({**d, "v": CORPUS_VERSION}, sort_keys=True).encode()).hexdigest()[:12]
 
     def folder(self) -> Path:
         return cache_dir() / "spec_heads" / f"corpus-{self.key()}"
 
+    def shards_tag(self) -> str:
+        """How many shards of each kind, for a checkpoint's name: g12f16 (a16 with assistant shards)."""
+        return f"g{self.gen_shards}f{self.fixed_shards}" + (f"a{self.asst_shards}" if self.asst_shards else "")
+
     def shard_names(self) -> list[str]:
-        """Build order: held-out first, then generated and fixed shards alternately."""
-        names, n = ["heldout"], max(self.gen_shards, self.fixed_shards)
-        for i in range(n):
-            names += [f"gen{i:02d}"] * (i < self.gen_shards) + [f"fixed{i:02d}"] * (i < self.fixed_shards)
+        """Build order: held-out first, then generated, fixed and assistant shards in turn."""
+        names = ["heldout"] + ["heldout_asst"] * (self.asst_shards > 0)
+        for i in range(max(self.gen_shards, self.fixed_shards, self.asst_shards)):
+            names += ([f"gen{i:02d}"] * (i < self.gen_shards) + [f"fixed{i:02d}"] * (i < self.fixed_shards)
+                      + [f"asst{i:02d}"] * (i < self.asst_shards))
         return names
 
 
@@ -147,10 +153,17 @@ def fixed_sequences(tok, n: int, length: int, seed: int) -> list[list[int]]:
 
 
 def build_shard(spec: CorpusSpec, name: str, model, tok) -> list[Sequence]:
-    i = int(name[-2:]) if name != "heldout" else 0
+    from lab_utils.spec.assistant_prompts import assistant_requests
+
+    i = int(name[-2:]) if not name.startswith("heldout") else 0
     seed = spec.seed * 1000 + i
     if name == "heldout":
         prompts = gen_prompts(tok, spec.heldout_prompts, seed + 999, heldout=True)
+    elif name == "heldout_asst":
+        prompts = [_chat(tok, t) for t in assistant_requests(spec.heldout_prompts, seed=spec.seed, heldout=True)]
+    elif name.startswith("asst"):
+        texts = assistant_requests(spec.shard_prompts, offset=i * spec.shard_prompts, seed=spec.seed)
+        prompts = [_chat(tok, t) for t in texts]
     elif name.startswith("gen"):
         prompts = gen_prompts(tok, spec.shard_prompts, seed, heldout=False)
     else:
@@ -167,18 +180,26 @@ def build_corpus(spec: CorpusSpec, model=None, tok=None, log=print) -> None:
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "spec.json").write_text(json.dumps(asdict(spec), indent=2))
     for name in spec.shard_names():
-        path = folder / f"{name}.pt"
+        path, lock = folder / f"{name}.pt", folder / f"{name}.lock"
         if path.exists():
+            continue
+        try:  # another builder may be on this shard: two processes build a corpus twice as fast
+            lock.open("x").close()
+        except FileExistsError:
+            log(f"[corpus] {name}: another process is building it ({lock} exists; delete it if none is)")
             continue
         if model is None:
             from lab_utils.models.loader import load_model
 
             model, tok = load_model(spec.model, device="cpu", dtype=torch.float32)
         t0 = time.time()
-        seqs = build_shard(spec, name, model, tok)
-        tmp = path.with_suffix(".tmp")
-        torch.save([vars(s) for s in seqs], tmp)
-        tmp.replace(path)
+        try:
+            seqs = build_shard(spec, name, model, tok)
+            tmp = path.with_suffix(".tmp")
+            torch.save([vars(s) for s in seqs], tmp)
+            tmp.replace(path)
+        finally:
+            lock.unlink()
         log(f"[corpus] {name}: {len(seqs)} sequences, {sum(len(s.ids) for s in seqs)} tokens "
             f"({time.time() - t0:.0f} s)")
 
@@ -192,7 +213,7 @@ def load_corpus_shards(spec: CorpusSpec) -> dict[str, list[Sequence]]:
     for name in spec.shard_names():
         p = folder / f"{name}.pt"
         if p.exists():
-            out["heldout" if name == "heldout" else "train"] += [Sequence(**s) for s in torch.load(p)]
+            out["heldout" if name.startswith("heldout") else "train"] += [Sequence(**s) for s in torch.load(p)]
     return out
 
 

@@ -182,7 +182,10 @@ def generation_starts(seqs: list[Sequence], tokenizer, play_prompt_len: int = 64
     for s in seqs:
         ids = s.ids.tolist()
         if s.source in ("chat", "task") and im_start in ids:
-            out.append(len(ids) - ids[::-1].index(im_start) - 1 + 3)   # <|im_start|> assistant \n
+            i = len(ids) - ids[::-1].index(im_start) - 1        # the last turn's header: <|im_start|> ass istant \n
+            while i < len(ids) and "\n" not in tokenizer.decode([ids[i]]):
+                i += 1
+            out.append(min(i + 1, len(ids)))
         elif s.source == "play":
             out.append(play_prompt_len)
         else:
