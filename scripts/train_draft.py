@@ -22,8 +22,8 @@ from lab_utils.paths import DATA_DIR, cache_dir
 
 TEACHER = "smollm2-135m"
 OUT_DIR = DATA_DIR / "models" / "smollm2-draft"
-# runs 1 and 2 of data/models/smollm2-draft on teacher targets (the teacher stage ran beside the training stage, which picks up new
-# teacher sequences at every evaluation)
+# runs 1 and 2 of data/models/smollm2-draft, on teacher targets (the teacher stage ran beside the training
+# stage, which picks up new teacher sequences at every evaluation)
 COMMAND = """export PYTHONPATH=$PWD OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1
 # run 1 (session of 2026-11-30 early): 512 teacher sequences, 330 steps from the PCA initialisation
 python scripts/train_draft.py --stage teacher --minutes 18        # held-out targets, then training targets

