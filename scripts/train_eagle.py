@@ -21,6 +21,7 @@ import torch
 from lab_utils.paths import DATA_DIR, cache_dir
 from lab_utils.spec.eagle import CONFIG_NAME, EagleHead, eagle_config_for, load_eagle
 from lab_utils.spec.heads_corpus import CorpusSpec, describe, load_training_data
+from lab_utils.spec.warm_start import chain, load_into, prior_run, runs_line
 from lab_utils.spec.heads_train import eval_eagle, init_eagle, train_eagle
 from lab_utils.spec.medusa import save_heads, top_tokens
 
@@ -46,6 +47,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--fixed-shards", type=int, default=6, help="corpus shards of prefilled fixed text (64 each)")
     ap.add_argument("--asst-shards", type=int, default=0,
                     help="corpus shards of the target's answers to everyday assistant requests (64 each)")
+    ap.add_argument("--init-from", default=None,
+                    help="continue from the weights (and draft vocabulary) a previous run wrote to this folder")
     ap.add_argument("--corpus-only", action="store_true",
                     help="build the missing corpus shards and stop (run two at once to use two cores)")
     ap.add_argument("--val-every", type=float, default=3.0,
@@ -91,7 +94,11 @@ def main(argv: list[str] | None = None) -> dict:
     hd = load_training_data(spec)
     target, data, train, val, starts = hd.target, hd.data, hd.train, hd.val, hd.heldout_starts
     head = init_eagle(EagleHead(eagle_config_for(target.config), args.window))
-    if args.draft_vocab:
+    prior = None
+    if args.init_from:  # a second run on a larger corpus, from the first run's weights
+        prior = prior_run(args.init_from)
+        load_into(head, load_eagle(args.init_from))
+    elif args.draft_vocab:
         head.vocab = top_tokens(torch.cat([s.greedy for s in train]), args.draft_vocab)
     before = eval_eagle(head, target, data["heldout"], K, n_rows=1, starts=starts)
     print("held-out before training (n_rows=1):", before)
@@ -122,6 +129,8 @@ def main(argv: list[str] | None = None) -> dict:
               "heldout_untrained": before, "heldout_trained": {str(n): r for n, r in after.items()},
               "config": cfg, "args": {k: v for k, v in vars(args).items() if k != "ckpt"},
               "command": "OMP_NUM_THREADS=1 python scripts/train_eagle.py " + shlex.join(argv)}
+    if prior is not None:
+        result = chain(result, prior, args.out, args.init_from)
     (Path(args.out) / "train_result.json").write_text(json.dumps(result, indent=2) + "\n")
     if not args.smoke:
         write_card(Path(args.out), result, cfg, args)
@@ -154,7 +163,7 @@ registry does not mistake this folder for a full model).
 - Target frozen; features are the target's final-norm hidden states, labels its own greedy tokens.
 - Corpus: {describe(d)}
 - Init: fc = [I, 0] and zero output projections (starts as "next feature = current feature").
-- {r['steps']} AdamW steps of {r['batch']} crops x {r['length']} positions ({r['positions_seen']:,} positions seen), lr cosine
+{runs_line(r)}- {r['steps']} AdamW steps of {r['batch']} crops x {r['length']} positions ({r['positions_seen']:,} positions seen), lr cosine
   from {args.lr:g} (over {args.steps} steps or {args.max_minutes:g} min, whichever ends first); attention width drawn from
   1..{cfg['window']} per step; loss = smooth-L1(feature) + {args.ce_weight:g} x CE(lm_head(feature), target's token), plus the
   same on a second pass in which half the rows get the head's own previous prediction (and uniform feature noise), so

@@ -20,6 +20,7 @@ import torch
 
 from lab_utils.paths import DATA_DIR, cache_dir
 from lab_utils.spec.heads_corpus import CorpusSpec, describe, load_training_data
+from lab_utils.spec.warm_start import chain, load_into, prior_run, runs_line
 from lab_utils.spec.heads_train import eval_medusa, train_medusa
 from lab_utils.spec.medusa import CONFIG_NAME, MedusaHeads, load_medusa, save_heads, top_tokens
 
@@ -41,6 +42,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--fixed-shards", type=int, default=6, help="corpus shards of prefilled fixed text (64 each)")
     ap.add_argument("--asst-shards", type=int, default=0,
                     help="corpus shards of the target's answers to everyday assistant requests (64 each)")
+    ap.add_argument("--init-from", default=None,
+                    help="continue from the weights (and draft vocabulary) a previous run wrote to this folder")
     ap.add_argument("--corpus-only", action="store_true",
                     help="build the missing corpus shards and stop (run two at once to use two cores)")
     ap.add_argument("--val-every", type=float, default=2.0,
@@ -78,7 +81,11 @@ def main(argv: list[str] | None = None) -> dict:
     hd = load_training_data(spec)
     target, data, train, val, starts = hd.target, hd.data, hd.train, hd.val, hd.heldout_starts
     heads = MedusaHeads(target.config.hidden_size, args.heads)
-    if args.draft_vocab:
+    prior = None
+    if args.init_from:  # a second run on a larger corpus, from the first run's weights
+        prior = prior_run(args.init_from)
+        load_into(heads, load_medusa(args.init_from))
+    elif args.draft_vocab:
         heads.vocab = top_tokens(torch.cat([s.greedy for s in train]), args.draft_vocab)
     before = eval_medusa(heads, target, data["heldout"], starts=starts)  # untrained = the target's own next-token guess
     print("held-out before training:", before)
@@ -111,6 +118,8 @@ def main(argv: list[str] | None = None) -> dict:
               "heldout_untrained": before, "heldout_trained": after,
               "config": cfg, "args": {k: v for k, v in vars(args).items() if k != "ckpt"},
               "command": "OMP_NUM_THREADS=1 python scripts/train_medusa.py " + shlex.join(argv)}
+    if prior is not None:
+        result = chain(result, prior, args.out, args.init_from)
     (Path(args.out) / "train_result.json").write_text(json.dumps(result, indent=2) + "\n")
     if not args.smoke:
         write_card(Path(args.out), result, cfg, args)
@@ -139,7 +148,7 @@ config: `{CONFIG_NAME}` (named so the model registry does not mistake this folde
 ## Training
 - Target frozen; labels are the target's own greedy tokens at each position (self-distillation).
 - Corpus: {describe(d)}
-- {r['steps']} AdamW steps, batch {r['batch']} positions ({r['positions_seen']:,} positions seen), lr cosine from
+{runs_line(r)}- {r['steps']} AdamW steps, batch {r['batch']} positions ({r['positions_seen']:,} positions seen), lr cosine from
   {args.lr:g} (over {args.steps} steps or {args.max_minutes:g} min, whichever ends first), loss = sum_i 0.8^i CE_i over
   the draft vocabulary; {r['seconds']} s on {r['args'].get('machine', 'one core of a 2-core x86_64 CPU VM')}
   (resumable checkpoints).
