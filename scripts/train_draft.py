@@ -30,19 +30,25 @@ python scripts/train_draft.py --stage teacher --minutes 18        # held-out tar
 python scripts/train_draft.py --stage teacher --minutes 29 &      # resumes: more training targets, meanwhile
 python scripts/train_draft.py --stage train --minutes 40 --eval-every 50
 cp -r data/models/smollm2-draft /tmp/draft_v1
-# run 2 (this checkpoint): more teacher sequences (the teacher now on oneDNN-packed linears), then a warm start;
+# run 2: more teacher sequences (the teacher now on oneDNN-packed linears), then a warm start;
 # while it trained, a third teacher stage added copy ("quote") prompts, picked up at the next evaluation
 python scripts/train_draft.py --stage teacher --minutes 25 --train-prompts 6000
 python scripts/train_draft.py --stage train --minutes 35 --eval-every 200 --lr 1e-3 --alpha 0.5 \\
     --raw-per-batch 2 --init-from /tmp/draft_v1 &
 python scripts/train_draft.py --stage teacher --minutes 7 --train-prompts 600 --mix 0 0 0 1"""
-# what made the shipped data/models/smollm2-draft: the checkpoint of COMMAND, continued on the heads' corpus
+# what made the shipped data/models/smollm2-draft: COMMAND's checkpoint continued twice on the heads' corpus
 # (scripts/train_eagle.py builds it; it adds the target's answers to everyday assistant requests)
-CORPUS_COMMAND = """export PYTHONPATH=$PWD OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1
+CORPUS_COMMAND = COMMAND + """
+cp -r data/models/smollm2-draft /tmp/draft_v2
+# run 3: the heads' corpus with 16 shards of assistant requests, the target's greedy tokens as labels
 python scripts/train_eagle.py --gen-shards 12 --fixed-shards 16 --asst-shards 16 --corpus-only
-cp -r data/models/smollm2-draft /tmp/draft_v2      # the checkpoint COMMAND made
 python scripts/train_draft.py --stage train --corpus 12 16 16 --minutes 25 --eval-every 200 --lr 1e-3 \\
-    --alpha 1.0 --raw-per-batch 0 --init-from /tmp/draft_v2"""
+    --alpha 1.0 --raw-per-batch 0 --init-from /tmp/draft_v2
+cp -r data/models/smollm2-draft /tmp/draft_v3
+# run 4 (this checkpoint): 32 shards of assistant requests
+python scripts/train_eagle.py --gen-shards 12 --fixed-shards 16 --asst-shards 32 --corpus-only
+python scripts/train_draft.py --stage train --corpus 12 16 32 --minutes 20 --eval-every 200 --lr 5e-4 \\
+    --alpha 1.0 --raw-per-batch 0 --init-from /tmp/draft_v3"""
 
 
 def targets_path() -> Path:

@@ -276,8 +276,8 @@ def write_model_card(folder: Path, summary: dict, command: str) -> Path:
             f"the rest random (seed {cfg['seed']})")
     if prior:
         init = (f"warm start: the checkpoint of an earlier run of this script ({prior['steps']} steps, "
-                f"{prior['tokens_seen']:,} tokens seen, validation agreement {prior['val_agreement']:.1%}), itself "
-                f"initialised so: " + init)
+                f"{prior['tokens_seen']:,} tokens seen, validation agreement {prior['val_agreement']:.1%}, on its own "
+                f"held-out set), the last of the earlier runs under Reproduce; the first was initialised so: " + init)
     start_row = ("the warm-start checkpoint (start of this run)" if prior
                  else "same architecture, PCA-initialised, untrained")
     if summary["test_agreement"] >= 0.5:
