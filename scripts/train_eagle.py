@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shlex
 import sys
 import tempfile
@@ -21,7 +22,7 @@ import torch
 from lab_utils.paths import DATA_DIR, cache_dir
 from lab_utils.spec.eagle import CONFIG_NAME, EagleHead, eagle_config_for, load_eagle
 from lab_utils.spec.heads_corpus import CorpusSpec, describe, load_training_data
-from lab_utils.spec.warm_start import chain, load_into, prior_run, runs_line
+from lab_utils.spec.warm_start import chain, load_into, prior_run, runs_line, start_label
 from lab_utils.spec.heads_train import eval_eagle, init_eagle, train_eagle
 from lab_utils.spec.medusa import save_heads, top_tokens
 
@@ -130,7 +131,7 @@ def main(argv: list[str] | None = None) -> dict:
               "config": cfg, "args": {k: v for k, v in vars(args).items() if k != "ckpt"},
               "command": "OMP_NUM_THREADS=1 python scripts/train_eagle.py " + shlex.join(argv)}
     if prior is not None:
-        result = chain(result, prior, args.out, args.init_from)
+        result = chain(result, prior, os.path.relpath(args.out), args.init_from)
     (Path(args.out) / "train_result.json").write_text(json.dumps(result, indent=2) + "\n")
     if not args.smoke:
         write_card(Path(args.out), result, cfg, args)
@@ -181,11 +182,11 @@ conditional = the same among positions where steps 0..s-1 were all right (what c
 n = true feature rows the head sees (1: right after a prefill; {cfg['window']}: a running request, whose recent rows the
 proposer keeps).
 
-| step | predicts | top-1 untrained (n=1) | top-1 trained (n=1) | conditional (n=1) | conditional (n={cfg['window']}) |
+| step | predicts | top-1 {start_label(r)} (n=1) | top-1 trained (n=1) | conditional (n=1) | conditional (n={cfg['window']}) |
 |---|---|---|---|---|---|
 {rows}
 
-Mean accepted draft tokens per step (chain of {K}): {b['mean_accepted']:.2f} untrained -> **{a1['mean_accepted']:.2f}** (n=1),
+Mean accepted draft tokens per step (chain of {K}): {b['mean_accepted']:.2f} {start_label(r)} -> **{a1['mean_accepted']:.2f}** (n=1),
 **{a3['mean_accepted']:.2f}** (n={cfg['window']}) trained.
 
 {engine_section(r)}## Reproduce

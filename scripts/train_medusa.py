@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shlex
 import sys
 import tempfile
@@ -20,7 +21,7 @@ import torch
 
 from lab_utils.paths import DATA_DIR, cache_dir
 from lab_utils.spec.heads_corpus import CorpusSpec, describe, load_training_data
-from lab_utils.spec.warm_start import chain, load_into, prior_run, runs_line
+from lab_utils.spec.warm_start import chain, load_into, prior_run, runs_line, start_label
 from lab_utils.spec.heads_train import eval_medusa, train_medusa
 from lab_utils.spec.medusa import CONFIG_NAME, MedusaHeads, load_medusa, save_heads, top_tokens
 
@@ -119,7 +120,7 @@ def main(argv: list[str] | None = None) -> dict:
               "config": cfg, "args": {k: v for k, v in vars(args).items() if k != "ckpt"},
               "command": "OMP_NUM_THREADS=1 python scripts/train_medusa.py " + shlex.join(argv)}
     if prior is not None:
-        result = chain(result, prior, args.out, args.init_from)
+        result = chain(result, prior, os.path.relpath(args.out), args.init_from)
     (Path(args.out) / "train_result.json").write_text(json.dumps(result, indent=2) + "\n")
     if not args.smoke:
         write_card(Path(args.out), result, cfg, args)
@@ -161,11 +162,11 @@ config: `{CONFIG_NAME}` (named so the model registry does not mistake this folde
 {a['positions']} positions in the target's held-out generated answers (not the prompts) where its greedy continuation is known. top-1 = head i's argmax equals the target's greedy token;
 conditional = the same, among positions where heads 0..i-1 were all right (what chain verification accepts).
 
-| head | predicts | top-1 untrained (identity) | top-1 trained | conditional |
+| head | predicts | top-1 {start_label(r, 'untrained (identity)')} | top-1 trained | conditional |
 |---|---|---|---|---|
 {rows}
 
-Mean accepted draft tokens per step (greedy chain of {cfg['num_heads']}): {b['mean_accepted']:.2f} untrained -> **{a['mean_accepted']:.2f}** trained.
+Mean accepted draft tokens per step (greedy chain of {cfg['num_heads']}): {b['mean_accepted']:.2f} {start_label(r)} -> **{a['mean_accepted']:.2f}** trained.
 
 {engine_section(r)}## Reproduce
 ```bash

@@ -51,3 +51,8 @@ def runs_line(r: dict) -> str:
     return (f"- {len(r['runs'])} runs, each from the previous one's weights ({each}); in all "
             f"{r['total_positions_seen']:,} positions in {r['total_seconds'] / 60:.0f} min. The lines below are the "
             f"last run's.\n")
+
+
+def start_label(r: dict, untrained: str = "untrained") -> str:
+    """What the "before" column of a card measured: untrained weights, or the last run's start."""
+    return f"at the start of run {len(r['runs'])}" if r.get("runs") else untrained
