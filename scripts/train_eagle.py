@@ -21,7 +21,7 @@ import torch
 
 from lab_utils.paths import DATA_DIR, cache_dir
 from lab_utils.spec.eagle import CONFIG_NAME, EagleHead, eagle_config_for, load_eagle
-from lab_utils.spec.heads_corpus import CorpusSpec, describe, load_training_data
+from lab_utils.spec.heads_corpus import CorpusSpec, add_data_args, describe, load_training_data
 from lab_utils.spec.warm_start import chain, load_into, prior_run, runs_line, start_label
 from lab_utils.spec.heads_train import eval_eagle, init_eagle, train_eagle
 from lab_utils.spec.medusa import save_heads, top_tokens
@@ -42,16 +42,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--weight-decay", type=float, default=0.0)
     ap.add_argument("--max-minutes", type=float, default=60.0, help="wall budget of the training loop (a safety stop)")
     ap.add_argument("--out", default=str(DATA_DIR / "models" / "smollm2-eagle"))
-    ap.add_argument("--draft-vocab", type=int, default=8192,
-                    help="score only the N most frequent target tokens of the corpus (0: the full vocabulary)")
-    ap.add_argument("--gen-shards", type=int, default=6, help="corpus shards of the target's own answers (64 each)")
-    ap.add_argument("--fixed-shards", type=int, default=6, help="corpus shards of prefilled fixed text (64 each)")
-    ap.add_argument("--asst-shards", type=int, default=0,
-                    help="corpus shards of the target's answers to everyday assistant requests (64 each)")
-    ap.add_argument("--init-from", default=None,
-                    help="continue from the weights (and draft vocabulary) a previous run wrote to this folder")
-    ap.add_argument("--corpus-only", action="store_true",
-                    help="build the missing corpus shards and stop (run two at once to use two cores)")
+    add_data_args(ap)
     ap.add_argument("--val-every", type=float, default=3.0,
                     help="minutes between validation checks (early stopping) and learning-curve points")
     ap.add_argument("--ckpt", default=None, help="resumable checkpoint file (default: in the cache, named by the run)")

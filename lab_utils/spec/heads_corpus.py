@@ -74,6 +74,20 @@ class CorpusSpec:
         return names
 
 
+def add_data_args(ap) -> None:
+    """The training scripts' shared options: which corpus, which draft vocabulary, where to start from."""
+    ap.add_argument("--draft-vocab", type=int, default=8192,
+                    help="score only the N most frequent target tokens of the corpus (0: the full vocabulary)")
+    ap.add_argument("--gen-shards", type=int, default=6, help="corpus shards of the target's own answers (64 each)")
+    ap.add_argument("--fixed-shards", type=int, default=6, help="corpus shards of prefilled fixed text (64 each)")
+    ap.add_argument("--asst-shards", type=int, default=0,
+                    help="corpus shards of the target's answers to everyday assistant requests (64 each)")
+    ap.add_argument("--init-from", default=None,
+                    help="continue from the weights (and draft vocabulary) a previous run wrote to this folder")
+    ap.add_argument("--corpus-only", action="store_true",
+                    help="build the missing corpus shards and stop (run two at once to use two cores)")
+
+
 def _sources(heldout: bool):
     """(wiki docs, {play: text}) of one split; lab 07's questions are never a source."""
     from lab_utils.bench.workload import shakespeare_texts
