@@ -71,7 +71,7 @@ def main(argv: list[str] | None = None) -> dict:
         return r
     torch.manual_seed(args.seed)
     spec = SMOKE_DATA if args.smoke else CorpusSpec(gen_shards=args.gen_shards, fixed_shards=args.fixed_shards,
-                                                              asst_shards=args.asst_shards)
+                                                    asst_shards=args.asst_shards)
     if args.smoke:
         args.steps, args.batch, args.length, args.out = 30, 4, 16, tempfile.mkdtemp(prefix="eagle-smoke-")
         args.val_every, args.draft_vocab = 0.05, min(args.draft_vocab, 2048)

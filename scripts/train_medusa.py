@@ -58,7 +58,7 @@ def main(argv: list[str] | None = None) -> dict:
         return r
     torch.manual_seed(args.seed)
     spec = SMOKE_DATA if args.smoke else CorpusSpec(gen_shards=args.gen_shards, fixed_shards=args.fixed_shards,
-                                                              asst_shards=args.asst_shards)
+                                                    asst_shards=args.asst_shards)
     if args.smoke:
         args.steps, args.batch, args.lr, args.out = 30, 64, 3e-3, tempfile.mkdtemp(prefix="medusa-smoke-")
         args.val_every, args.draft_vocab = 0.05, min(args.draft_vocab, 2048)

@@ -14,8 +14,8 @@ cache. Three kinds of shard, built in turn so that a build stopped early still h
 
 Held out (never trained on): every 10th article, the plays of `lab_utils.distill.data.HELDOUT_PLAYS`, a fifth of
 the assistant subjects, and lab 07's chat questions (`lab_utils.spec.workloads.QUESTIONS`) with every subject they
-name. The held-out shards are the target's greedy answers to held-out prompts. Each shard is a file under `~/.cache/lab_utils/spec_heads/corpus-<hash>/`, so an interrupted
-build resumes at the next missing shard.
+name. The held-out shards are the target's greedy answers to held-out prompts. Each shard is a file under
+`~/.cache/lab_utils/spec_heads/corpus-<hash>/`, so an interrupted build resumes at the next missing shard.
 """
 from __future__ import annotations
 
@@ -224,7 +224,7 @@ def load_corpus_shards(spec: CorpusSpec) -> dict[str, list[Sequence]]:
     """{"train": [...], "heldout": [...]} from the shards built so far (ValueError if there is no held-out shard)."""
     folder = spec.folder()
     if not (folder / "heldout.pt").exists():
-        raise ValueError(f"no corpus at {folder}: build it first (scripts/train_eagle.py --stage corpus)")
+        raise ValueError(f"no corpus at {folder}: build it first (scripts/train_eagle.py --corpus-only, with the same shard counts)")
     out: dict[str, list[Sequence]] = {"train": [], "heldout": []}
     for name in spec.shard_names():
         p = folder / f"{name}.pt"
