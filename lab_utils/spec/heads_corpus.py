@@ -224,7 +224,8 @@ def load_corpus_shards(spec: CorpusSpec) -> dict[str, list[Sequence]]:
     """{"train": [...], "heldout": [...]} from the shards built so far (ValueError if there is no held-out shard)."""
     folder = spec.folder()
     if not (folder / "heldout.pt").exists():
-        raise ValueError(f"no corpus at {folder}: build it first (scripts/train_eagle.py --corpus-only, with the same shard counts)")
+        raise ValueError(f"no corpus at {folder}: build it first (scripts/train_eagle.py --corpus-only, with the "
+                         f"same shard counts)")
     out: dict[str, list[Sequence]] = {"train": [], "heldout": []}
     for name in spec.shard_names():
         p = folder / f"{name}.pt"
