@@ -340,7 +340,7 @@ from SmolLM2-135M-Instruct (the teacher and the target it drafts for). Llama arc
 ## How well it imitates the teacher
 
 Greedy next-token (top-1) agreement with the teacher on held-out prompts' teacher continuations (what a greedy
-draft's acceptance rate approximates), over up to 64 generated tokens per prompt:
+draft's acceptance rate approximates), over up to {96 if summary.get("targets") else 64} generated tokens per prompt:
 
 | | agreement |
 |---|---|
