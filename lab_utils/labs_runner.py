@@ -3,8 +3,9 @@
     python -m lab_utils run-labs [--smoke] [--device auto|cpu|cuda] [--only 03] [--out DIR]
 
 Every `labs/NN_*.ipynb` runs in a fresh kernel with the parameters `SMOKE`, `DEVICE` and `INTERACTIVE=False`
-injected after its `parameters` cell (and `LAB_SMOKE` / `LAB_INTERACTIVE=0` set in the kernel's environment, for
-code that reads them there). Written to `--out` (default `out/labs`):
+(`lab_parameters`) injected after its `parameters` cell, which declares them, and `LAB_SMOKE` / `LAB_INTERACTIVE=0`
+set in the kernel's environment too (the labs read both: `lab_utils/params.py`). Written to `--out` (default
+`out/labs`):
 
 - `NN_name.ipynb`: each executed notebook (with its error, if it failed);
 - `report.html`: one row per lab (status, seconds, key measured figures, link to the executed notebook);
@@ -131,6 +132,11 @@ def extract_results(nb) -> tuple[dict[str, Any], bool]:
 
 
 # ------------------------------------------------------------------------------------------- execution
+def lab_parameters(smoke: bool, device: str = "auto") -> dict[str, Any]:
+    """What run-labs passes to every lab through papermill; each lab's `parameters` cell declares these names."""
+    return {"SMOKE": smoke, "DEVICE": device, "INTERACTIVE": False}
+
+
 def run_lab(path: Path, out_dir: Path, *, smoke: bool, device: str = "auto", timeout: float | None = None,
             kernel: str = "python3", html_notebook: bool = False, log_output: bool = False) -> LabResult:
     """Execute one lab into `out_dir` and describe how it went (never raises for a failing lab)."""
@@ -161,7 +167,7 @@ def run_lab(path: Path, out_dir: Path, *, smoke: bool, device: str = "auto", tim
             src = Path(tmp) / path.name
             nbformat.write(nb, src)
             pm.execute_notebook(
-                str(src), str(out_nb), parameters={"SMOKE": smoke, "DEVICE": device, "INTERACTIVE": False},
+                str(src), str(out_nb), parameters=lab_parameters(smoke, device),
                 cwd=str(path.parent), kernel_name=kernel, language="python", progress_bar=False,
                 log_output=log_output, execution_timeout=timeout, start_timeout=180, report_mode=False)
     except pm.PapermillExecutionError as exc:
@@ -357,7 +363,8 @@ def run_labs(labs: list[Path], out_dir: Path, *, smoke: bool, device: str, timeo
 
     from tqdm.auto import tqdm
 
-    if not verbose:  # papermill warns about every parameters cell that reads os.environ; the labs do by design
+    if not verbose:  # papermill's warnings here are noise (autosave back-off on a busy disk); every name passed is
+        # declared in the labs' parameters cells (tests/unit/test_lab_parameters.py)
         logging.getLogger("papermill").setLevel(logging.ERROR)
     results: list[LabResult] = []
     bar = tqdm(labs, unit="lab", desc="run-labs", file=sys.stderr, dynamic_ncols=True)
