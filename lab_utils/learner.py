@@ -146,14 +146,28 @@ def parts(upto: str | None = None, only: list[str] | None = None, quiet: bool = 
             and (PARTS[n].carry or upto is None or PARTS[n].lab == upto)}
     result = EngineParts(keep, {n: origins[n] for n in keep})
     if not quiet:
-        print("the engine runs:")
-        for line in result.describe().splitlines():
-            name, lab = line.split()[2], line.split()[1]
-            if upto is None or lab <= upto:
-                why = ("   (yours ran in its lab; later labs use the engine's fast version)" if name in chosen
-                       and not PARTS[name].carry else "   (you have not written it yet)")
-                print(line + ("" if "yours" in line else why))
+        print(parts_table(result, chosen, upto, only))
     return result
+
+
+def parts_table(result: EngineParts, written, upto: str | None = None, only=None) -> str:
+    """The table `parts()` prints: one line per part up to `upto`, whose version the engine runs and, where it
+    is the reference, why (not written yet, or which rule left the learner's out)."""
+    lines = ["the engine runs:"]
+    for line in result.describe().splitlines():
+        name, lab = line.split()[2], line.split()[1]
+        if upto is not None and lab > upto:
+            continue
+        if result.is_learners(name):
+            why = ""
+        elif name not in written:
+            why = "   (you have not written it yet)"
+        elif only is not None and name not in only:
+            why = "   (yours is saved; left out of this engine by only=)"
+        else:
+            why = "   (yours ran in its lab; later labs use the engine's fast version)"
+        lines.append(line + why)
+    return "\n".join(lines)
 
 
 def forget(name: str | None = None) -> None:

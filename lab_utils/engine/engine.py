@@ -36,6 +36,14 @@ def stop_reason(req: Request, token: int, eos_ids: set[int], max_model_len: int)
     return None
 
 
+def quantizers(parts: EngineParts) -> dict:
+    """Lab 05's parts as `quantize_model`'s keyword arguments: the learner's arithmetic, or None for its own.
+    Every quantized model the engine builds (its weights, a quantized self-draft) goes through these."""
+    return {"quantize_int8": parts.function("quant.quantize_per_channel_int8", None),
+            "quantize_int4": parts.function("quant.quantize_per_group_int4", None),
+            "dequantize_int4": parts.function("quant.dequantize_int4", None)}
+
+
 class LLMEngine:
     def __init__(self, model="smollm2-135m", config: EngineConfig | None = None, device: str = "auto",
                  dtype: torch.dtype | None = None, tokenizer=None, parts: EngineParts | None = None) -> None:
@@ -59,12 +67,8 @@ class LLMEngine:
             from lab_utils.quant.linear import quantize_model
 
             # weight-only INT8/INT4 linears; a model passed in by the caller is copied, never changed under them
-            mine = {  # lab 05's parts: the learner's arithmetic, or None for quantize_model's own
-                "quantize_int8": self.parts.function("quant.quantize_per_channel_int8", None),
-                "quantize_int4": self.parts.function("quant.quantize_per_group_int4", None),
-                "dequantize_int4": self.parts.function("quant.dequantize_int4", None)}
             model, self.quantization_bytes_saved = quantize_model(model if owned else copy.deepcopy(model),
-                                                                  config.quantization, **mine)
+                                                                  config.quantization, **quantizers(self.parts))
         self.model, self.tokenizer = model, tokenizer
         mc = model.config
         self.max_model_len = min(config.max_model_len or mc.max_position_embeddings, mc.max_position_embeddings)

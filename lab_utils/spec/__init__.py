@@ -11,8 +11,9 @@ __all__ = ["Proposal", "Proposer", "make_proposer"]
 _HEADS = {"medusa": ("lab_utils.spec.medusa", "MedusaProposer"), "eagle": ("lab_utils.spec.eagle", "EagleProposer")}
 
 
-def make_proposer(spec_config, target_model, device) -> Proposer:
-    """The proposer for `spec_config.method` ("draft" | "ngram" | "medusa" | "eagle")."""
+def make_proposer(spec_config, target_model, device, parts=None) -> Proposer:
+    """The proposer for `spec_config.method` ("draft" | "ngram" | "medusa" | "eagle"). `parts`: the engine's
+    (`EngineParts`); a quantized draft is built with its lab-05 quantizers."""
     method = spec_config.method
     if method == "ngram":
         from lab_utils.spec.ngram import NgramProposer
@@ -21,7 +22,7 @@ def make_proposer(spec_config, target_model, device) -> Proposer:
     if method == "draft":
         from lab_utils.spec.draft import DraftModelProposer
 
-        return DraftModelProposer(spec_config, target_model, device)
+        return DraftModelProposer(spec_config, target_model, device, parts=parts)
     if method in _HEADS:
         module, cls = _HEADS[method]
         try:

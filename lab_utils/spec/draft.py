@@ -56,7 +56,10 @@ def _common_prefix(a: list[int], b: list[int]) -> int:
 
 
 class DraftModelProposer(Proposer):
-    def __init__(self, spec_config, target_model=None, device: torch.device | str = "cpu", draft_model=None) -> None:
+    def __init__(self, spec_config, target_model=None, device: torch.device | str = "cpu", draft_model=None,
+                 parts=None) -> None:
+        """`parts`: the engine's `EngineParts`; a draft quantized here (`spec_config.quantization`) uses its
+        lab-05 quantizers (the learner's where written), as the engine's own quantized weights do."""
         if draft_model is None:
             from lab_utils.models.loader import load_model
             from lab_utils.models.registry import data_models
@@ -69,9 +72,12 @@ class DraftModelProposer(Proposer):
             draft_model, _ = load_model(name, device=device, dtype=getattr(target_model, "dtype", None))
             self.shares_target_kv = same_weights(draft_model, target_model)  # (checked before quantizing)
             if getattr(spec_config, "quantization", None):  # our own fresh copy: quantize it in place
+                from lab_utils.engine.engine import quantizers
+                from lab_utils.engine.parts import REFERENCE
                 from lab_utils.quant.linear import quantize_model
 
-                draft_model, _ = quantize_model(draft_model, spec_config.quantization, skip=())
+                draft_model, _ = quantize_model(draft_model, spec_config.quantization, skip=(),
+                                                **quantizers(parts if parts is not None else REFERENCE))
         elif getattr(spec_config, "quantization", None):  # never quantize (change) a model the caller owns
             raise ValueError(f"SpecConfig.quantization={spec_config.quantization!r} applies to a draft loaded by "
                              f"name (SpecConfig.model); quantize the draft_model you pass yourself "
