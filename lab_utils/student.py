@@ -11,10 +11,14 @@ the hint the learner sees:
         return x * cos + rotate_half(x) * sin
         ### END SOLUTION
 
-becomes, in the learner's copy,
+becomes, in the learner's copy of lab 00,
 
     def rope(x, cos, sin):
+        # Stuck? from lab_utils.hints import hint; hint("00.rope") gives the idea, ...
         raise NotImplementedError("Hint: rotate pairs (i, i + D/2) ...")
+
+The first comment states the exercise's contract, never its code (tests/unit/test_hints.py measures that). The
+`hint` line names the exercise id, `<lab>.<function>`, whose three levels of help live in `lab_utils.hint_texts`.
 
 Outputs and execution counts are cleared and cells that held a solution get the tag `exercise`. The transform
 is a pure function of the source notebook, so running it twice writes the same bytes (idempotent), and running
@@ -23,7 +27,8 @@ missing, so a learner's work in `student/` is never overwritten.
 
     python -m lab_utils student --stats        (how much code the learner writes, per lab)
 
-counts the learner-written lines: the lines inside solution regions, comments and blank lines excluded.
+counts the learner-written lines: the lines inside solution regions, comments and blank lines excluded, and
+the hints the learner asked for, per exercise (from `<out>/.lab_hints.json`, written by `lab_utils.hints.hint`).
 """
 from __future__ import annotations
 
@@ -106,13 +111,56 @@ def _hint(body: list[str]) -> str:
     return hint or DEFAULT_HINT
 
 
+_DEF_RE = re.compile(r"^(?P<indent>[ \t]*)(?:async[ \t]+)?def[ \t]+(?P<name>\w+)")
+_LAB_RE = re.compile(r"^(?P<lab>\d\d)_")
+
+
+def lab_number(name: str) -> str | None:
+    """`"02"` for `02_paged_kv_cache.ipynb`; None for a name without a lab number."""
+    m = _LAB_RE.match(Path(name).name)
+    return m.group("lab") if m else None
+
+
+def region_function(source: str, region: Region) -> str | None:
+    """Name of the function a solution region is the body of (the nearest `def` above it, less indented)."""
+    lines = source.split("\n")
+    for line in reversed(lines[:region.start]):
+        m = _DEF_RE.match(line)
+        if m and len(m.group("indent")) < len(region.indent):
+            return m.group("name")
+    return None
+
+
+def exercise_id(lab: str | None, source: str, region: Region) -> str | None:
+    """`"02.grow"`: the lab and the function a region implements; what `hint(...)` takes. None outside a lab or
+    for a region that is not a function body."""
+    name = region_function(source, region)
+    return f"{lab}.{name}" if lab and name else None
+
+
+def exercise_ids(nb: nbformat.NotebookNode, lab: str) -> list[str]:
+    """Exercise ids of a lab's solution regions, in order."""
+    ids = []
+    for i in exercise_cells(nb):
+        src = nb.cells[i].source
+        ids += [x for r in find_regions(src, where=f"lab {lab}, cell {i}") if (x := exercise_id(lab, src, r))]
+    return ids
+
+
+def hint_line(indent: str, ex_id: str) -> str:
+    """The one line of a learner copy's exercise that says how to ask for help."""
+    return (f'{indent}# Stuck? from lab_utils.hints import hint; hint("{ex_id}") gives the idea, '
+            f'hint("{ex_id}", 2) the steps, hint("{ex_id}", 3) pseudo-code')
+
+
 def _raise_line(indent: str, hint: str) -> str:
     # json's string escapes (\" \\ \n \uXXXX) are valid Python string escapes
     return f"{indent}raise NotImplementedError({json.dumps(hint, ensure_ascii=False)})"
 
 
-def strip_source(source: str, where: str = "cell") -> tuple[str, list[str]]:
-    """Replace each solution region of a cell's source; returns (new source, hints)."""
+def strip_source(source: str, where: str = "cell", lab: str | None = None) -> tuple[str, list[str]]:
+    """Replace each solution region of a cell's source; returns (new source, hints). With `lab`, each region
+    that is a function's body also gets the line naming its hints (`hint_line`)."""
     regions = find_regions(source, where)
     if not regions:
         return source, []
@@ -121,6 +169,9 @@ def strip_source(source: str, where: str = "cell") -> tuple[str, list[str]]:
     pos = 0
     for r in regions:
         out.extend(lines[pos:r.start])
+        ex_id = exercise_id(lab, source, r)
+        if ex_id:
+            out.append(hint_line(r.indent, ex_id))
         out.append(_raise_line(r.indent, r.hint))
         pos = r.end + 1
     out.extend(lines[pos:])
@@ -162,6 +213,7 @@ def exercise_cells(nb: nbformat.NotebookNode) -> list[int]:
 def make_student_notebook(nb: nbformat.NotebookNode, name: str = "notebook") -> nbformat.NotebookNode:
     """The learner's copy of `nb` (a new object; `nb` is not modified)."""
     out = copy.deepcopy(nb)
+    lab = lab_number(name)
     for key in _NB_META_DROP:
         out.metadata.pop(key, None)
     for i, cell in enumerate(out.cells):
@@ -170,7 +222,7 @@ def make_student_notebook(nb: nbformat.NotebookNode, name: str = "notebook") -> 
         if cell.cell_type != "code":
             continue
         cell.outputs, cell.execution_count = [], None
-        new_source, hints = strip_source(cell.source, where=f"{name}, cell {i}")
+        new_source, hints = strip_source(cell.source, where=f"{name}, cell {i}", lab=lab)
         if hints:
             cell.source = new_source
             tags = list(cell.metadata.get("tags", []))
@@ -313,6 +365,11 @@ def _stats(args: argparse.Namespace) -> int:
     problems = threshold_problems(stats, args.min_total, args.max_exercise)
     for p in problems:
         print(f"below target: {p}")
+    from lab_utils.hints import hints_log, hints_table  # the hint texts are only needed here
+
+    log = hints_log(args.out)
+    print(f"\nhints asked (from {log}):")
+    print(hints_table(log))
     return 1 if problems else 0
 
 
