@@ -1,4 +1,7 @@
-"""Checks for lab 02's exercises: the block allocator (`append_slots`) and the block-table gather (`gather_kv`).
+"""Checks for lab 02's exercises: the block allocator (`grow`, `release`), preemption (`make_room`, `preempt`) and
+the slot mapping, each compared with the engine's own part and then saved as the learner's; the block-table gather
+(`gather_kv`); and the lab's claims. `check_append_slots` checks a one-function allocator on plain lists (grow a
+block table, return the new tokens' slots) with the usual mistakes named; no lab's exercise uses it.
 
 Each check runs the learner's function on fresh random cases, compares with a reference, and raises
 AssertionError saying what differs (and, for known mistakes, what the mistake looks like). It never shows the

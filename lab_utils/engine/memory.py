@@ -84,7 +84,8 @@ class KVRecord:
 @dataclass
 class RecordedRun:
     outputs: list
-    records: list[KVRecord] = field(default_factory=list)
+    records: list[KVRecord] = field(default_factory=list)  # one per step after which a request is still resident
+    steps: int = 0  # engine steps run: one more than the records, since the last step leaves the pool empty
 
     def waste_fraction(self) -> float:
         """Share of allocated KV slots holding no token, summed over all steps (time-weighted by steps)."""
@@ -129,6 +130,7 @@ def run_recording(engine, prompts, params, with_map: bool = False) -> RecordedRu
         for out in engine.step():
             if out.finished and out.request_id in index_of:
                 done[out.request_id] = out
+        run.steps += 1
         if engine.scheduler.num_running:
             run.records.append(snapshot(engine, index_of, with_map))
     run.outputs = [done[i] for i in ids]
