@@ -36,7 +36,6 @@ import argparse
 import copy
 import json
 import re
-import shutil
 import textwrap
 from dataclasses import dataclass
 from pathlib import Path
@@ -271,10 +270,25 @@ def write_student_copies(labs_dir: Path, out_dir: Path, quiet: bool = False,
             print(f"{src.name}: {n_ex} exercise cell(s) stripped -> {dst}")
     readme = labs_dir / "README.md"
     if readme.exists():
-        shutil.copyfile(readme, out_dir / "README.md")
+        (out_dir / "README.md").write_text(student_readme(readme.read_text(encoding="utf-8")), encoding="utf-8")
     if not written and not quiet:
         print(f"no notebooks in {labs_dir}")
     return written
+
+
+STUDENT_README_HEAD = """\
+# Your copies of the labs
+
+This folder holds your copies of the labs, exercises open, written by `python -m lab_utils student` (`make lab`
+writes only the copies you do not have yet). The solved notebooks are in the repository's `labs/` folder; the
+parts you write are saved in `my_engine/` next to these notebooks. The syllabus follows.
+
+"""
+
+
+def student_readme(syllabus: str) -> str:
+    """The learner folder's README: what this folder holds, then the syllabus."""
+    return STUDENT_README_HEAD + syllabus
 
 
 # -- how much code the learner writes ----------------------------------------------------------------------

@@ -141,6 +141,9 @@ def test_write_student_copies_is_idempotent_and_refuses_to_overwrite_labs(tmp_pa
     assert [p.name for p in first] == ["99_synthetic.ipynb"]
     snapshot = {p.name: p.read_bytes() for p in out.iterdir()}
     assert set(snapshot) == {"99_synthetic.ipynb", "README.md"}
+    readme = (out / "README.md").read_text()
+    assert readme.startswith("# Your copies of the labs") and "solved notebooks are in" in readme
+    assert readme.endswith("# syllabus\n")
     write_student_copies(labs, out, quiet=True)
     assert {p.name: p.read_bytes() for p in out.iterdir()} == snapshot
     copy = nbformat.read(out / "99_synthetic.ipynb", as_version=4)
