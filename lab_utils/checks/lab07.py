@@ -374,7 +374,8 @@ def claims(r: dict) -> list[tuple[str, bool]]:
     from lab_utils.checks.claims import need
 
     need(r, "chi2_good", "chi2_bad", "chi2_crit", "worst_z", "gammas", "gaps", "n_configs", "ngram_speedup",
-         "verify_cost_ratio", "acceptance", "speedup", "verify_parts", "verify_steps", "near_tie")
+         "verify_cost_ratio", "acceptance", "speedup", "tokens_per_verify", "verify_parts", "verify_steps",
+         "near_tie", "smoke")
     crit, gaps, tie = r["chi2_crit"], r["gaps"], r["near_tie"]
     worst_gap = max((g for v in gaps.values() for g in v), default=0.0)
     best_k = max(r["ngram_speedup"], key=r["ngram_speedup"].get)
@@ -395,12 +396,55 @@ def claims(r: dict) -> list[tuple[str, bool]]:
         (f"n-gram lookup pays at batch 1 on copy-heavy prompts: {best:.2f}x wall-time speed-up (k={best_k}); a "
          f"5-token pass costs {r['verify_cost_ratio']:.1f}x a 1-token pass here", best > 1.0),
     ]
+    out.append(speedup_ceiling_claim(r["speedup"], r["tokens_per_verify"], r["smoke"]))
     acc = r["acceptance"]
     if "self-draft k=3" in acc and "draft k=4" in acc:  # section 4's reason for the self-draft
         a_self, a_dist = acc["self-draft k=3"] or 0.0, acc["draft k=4"] or 0.0
         out.append((f"the quantized self-draft's guesses are kept more often than the distilled draft's: "
                     f"{a_self:.0%} vs {a_dist:.0%}", a_self > a_dist))
     return out
+
+
+def proposer_verdicts(rows: dict[str, dict], smoke: bool, noise: float = 0.15) -> list[str]:
+    """One line per speculative configuration of a `compare` result: what its guesses bought in this run and, when
+    it did not pay, which side lost (too few guesses kept, or good guesses that cost more than they saved). In
+    SMOKE the speed-ups are noise: the line says so and gives only the counts."""
+    from lab_utils.spec.payoff import SMOKE_SKIP
+
+    out = []
+    for name, s in rows.items():
+        acc, tpv, sp = s.get("acceptance_rate"), s.get("mean_tokens_per_verify_step"), s.get("median_speedup")
+        if acc is None or tpv is None:
+            continue
+        k = len(s.get("acceptance_per_position") or []) or None
+        kept = f"{name}: kept {acc:.0%} of its guesses, {tpv:.2f} tokens per verify step"
+        if smoke:
+            out.append(f"{kept}; whether it pays: {SMOKE_SKIP}")
+        elif sp is None:
+            out.append(kept)
+        elif sp > 1 + noise / 3:
+            out.append(f"{kept}: pays ({sp:.2f}x)")
+        elif k is not None and tpv >= 1 + k / 2:
+            out.append(f"{kept}: does not pay ({sp:.2f}x) although most guesses are kept: the step (its (k+1)-row "
+                       f"verify pass and the guessing) costs more than those {tpv:.2f} plain steps")
+        else:
+            out.append(f"{kept}: does not pay ({sp:.2f}x): too few guesses kept to pay for the verify step")
+    return out
+
+
+def speedup_ceiling_claim(speedup: dict, tokens_per_verify: dict, smoke: bool, noise: float = 0.15):
+    """No configuration's speed-up may exceed its tokens per verify step: a verify step costs at least one plain
+    step (its pass has k+1 rows, its guesses cost extra) and yields that many tokens. A figure above it (beyond
+    `noise`) is a timing artefact, not a result. In SMOKE (one short prompt, one round) the check is skipped."""
+    from lab_utils.spec.payoff import SMOKE_SKIP
+
+    text = "every speed-up is at most its tokens per verify step (a verify step costs at least a plain step)"
+    if smoke:
+        return (f"{text}: {SMOKE_SKIP}", None)
+    over = {n: (s, tokens_per_verify[n]) for n, s in speedup.items()
+            if s is not None and tokens_per_verify.get(n) is not None and s > tokens_per_verify[n] * (1 + noise)}
+    detail = "; ".join(f"{n}: {s:.2f}x at {e:.2f} tokens per step" for n, (s, e) in over.items())
+    return (text + (f": NOT for {detail}" if over else ""), not over)
 
 
 def assert_claims(r: dict, show: bool = True) -> None:

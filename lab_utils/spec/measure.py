@@ -107,3 +107,31 @@ def _per_position(runs: list[dict]) -> list[float | None] | None:
         return None
     cols = list(zip(*rows))
     return [statistics.mean(v for v in c if v is not None) if any(v is not None for v in c) else None for c in cols]
+
+
+@torch.inference_mode()
+def pass_cost_ratio(model, rows: int, device, prefix: int = 200, repeat: int = 7, seed: int = 0) -> float:
+    """v: the time of one forward pass over `rows` new tokens over that of a pass over one, both on top of a cached
+    `prefix`, through the model the engine runs (`fast_linears`: its packed CPU kernels; the model itself on a
+    GPU). The two passes alternate and each figure is a median of `repeat`, so a slow spell of a shared machine
+    hits both alike (one cold round first)."""
+    from lab_utils.device import synchronize
+    from lab_utils.engine.accel import fast_linears
+    from lab_utils.models.kv_cache_simple import SimpleKVCache
+
+    run = fast_linears(model, torch.device(device))
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(100, 40000, (1, prefix), generator=g).to(device)
+    times: dict[int, list[float]] = {1: [], rows: []}
+    for i in range(repeat + 1):
+        for n in ((1, rows) if i % 2 else (rows, 1)):
+            cache = SimpleKVCache.for_model(model, 1, prefix + rows)
+            cache.forward(run, ids)
+            x = torch.randint(100, 40000, (1, n), generator=g).to(device)
+            synchronize(device)
+            t0 = time.perf_counter()
+            cache.forward(run, x)
+            synchronize(device)
+            if i:
+                times[n].append(time.perf_counter() - t0)
+    return statistics.median(times[rows]) / statistics.median(times[1])

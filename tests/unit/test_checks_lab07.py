@@ -216,3 +216,41 @@ def test_a_wrong_walk_alone_is_caught_in_greedy_too():
 def test_a_wrong_residual_alone_is_caught_through_the_engines_own_walk():
     with pytest.raises(AssertionError, match="does not keep the target's distribution"):
         lab07.check_verify_in_engine(EngineParts({"spec.residual": lambda p, q: p}), num_requests=2)
+
+
+# --- section 5's payoff arithmetic: figures of one run that contradict each other are refused ---------------
+from lab_utils.spec import payoff  # noqa: E402
+
+EAGLE = dict(tokens_per_verify=1.8, step_cost=0.2, measured=0.95)  # v 1.36, k 3: predicted 0.92x
+
+
+def test_payoff_passes_consistent_figures():
+    lines = payoff.check_payoff({"eagle k=3": EAGLE}, verify_cost=1.36, k=3)
+    assert lines == ["eagle k=3: predicted 0.92x, measured 0.95x (within 1.5x): breaks even"]
+
+
+@pytest.mark.parametrize("row, v, message", [
+    (EAGLE, 0.52, "v = 0.52x one row"),                                     # a verify pass cheaper than one row
+    (EAGLE | dict(tokens_per_verify=1.64, measured=5.3), 1.36, "above the 1.21x"),  # more than E / v can give
+    (EAGLE | dict(measured=1.6), 1.36, "more than 1.5x apart"),             # within the ceiling, far from predicted
+    (EAGLE | dict(measured=0.5), 1.36, "more than 1.5x apart"),             # too slow for the measured costs
+])
+def test_payoff_refuses_contradicting_figures(row, v, message):
+    with pytest.raises(AssertionError, match=message):
+        payoff.check_payoff({"eagle k=3": row}, verify_cost=v, k=3)
+
+
+def test_a_breakeven_of_zero_is_refused():
+    """cost <= 1 plain step gives break-even 0, which no proposer with a cost can have."""
+    assert payoff.breakeven_acceptance(3, 0.0, 0.95) == 0.0
+    assert any("break-even acceptance 0" in p for p in payoff.consistency_problems("medusa", 1.0, breakeven=0.0))
+    assert not payoff.consistency_problems("medusa", 1.0, breakeven=payoff.breakeven_acceptance(3, 0.02, 1.0))
+
+
+def test_in_smoke_the_measured_speedups_are_not_judged():
+    """One 24-token prompt cannot measure a speed-up: SMOKE says so instead of passing noise as a result, but
+    still refuses a verify cost below one row's (a median of alternated passes, measurable in any run)."""
+    lines = payoff.check_payoff({"eagle k=3": EAGLE | dict(measured=5.3)}, verify_cost=1.36, k=3, smoke=True)
+    assert "skipped in SMOKE: too small to measure" in lines[0] and "measured 5.30" not in lines[0]
+    with pytest.raises(AssertionError, match="v = 0.52x"):
+        payoff.check_payoff({"eagle k=3": EAGLE}, verify_cost=0.52, k=3, smoke=True)
