@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+import textwrap
 from pathlib import Path
 
 from lab_utils.hint_texts import HINTS
@@ -77,6 +78,9 @@ def hint(exercise_id: str, level: int = 1) -> None:
     text = hint_text(exercise_id, level)
     record(exercise_id, level)
     more = f'  (more: hint("{exercise_id}", {level + 1}))' if level < max(LEVELS) else ""
+    if level < 3:  # prose: wrap it; pseudo-code keeps its lines
+        text = "\n".join(textwrap.fill(line, 110, subsequent_indent="   " if line[:1].isdigit() else "")
+                         for line in text.split("\n"))
     print(f"{exercise_id}, level {level} ({LEVELS[level]}):{more}\n{text}")
 
 
