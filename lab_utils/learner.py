@@ -154,7 +154,7 @@ def parts_table(result: EngineParts, written, upto: str | None = None, only=None
     """The table `parts()` prints: one line per part up to `upto`, whose version the engine runs and, where it
     is the reference, why (not written yet, or which rule left the learner's out)."""
     lines = ["the engine runs:"]
-    for line in result.describe().splitlines():
+    for line in sorted(result.describe().splitlines(), key=lambda line: line.split()[1]):  # by lab
         name, lab = line.split()[2], line.split()[1]
         if upto is not None and lab > upto:
             continue

@@ -87,13 +87,14 @@ def create_app(engine: LLMEngine, model_name: str, max_tokens_cap: int = 1024, a
                max_waiting: int | None = 1024, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
                learner_parts=()) -> FastAPI:
     """The app over one engine. `max_waiting` bounds the queue (None: unbounded); `max_body_bytes` the body;
-    `learner_parts` (["server.stream_sse"]): the streaming loop is the learner's, loaded from my_engine/."""
+    `learner_parts` (["server.stream_sse"]): the streaming loop is the learner's, loaded from my_engine/.
+    `lab:learner_part` on /metrics names every part that is the learner's: the loop's and the engine's."""
     app = FastAPI(title="LLM Serving Lab server")
     engine.keep_history = False  # the server runs for days: no per-step timeline, no table of ended requests
     aengine = AsyncEngine(engine, max_waiting=max_waiting)
     metrics = ServerMetrics(engine)
     stream_fn, stream_parts = load_stream_part(learner_parts)
-    metrics.learner_parts(stream_parts)
+    metrics.learner_parts(sorted({*stream_parts, *(n for n in engine.parts.overrides if not n.startswith("server."))}))
     aengine.on_output = metrics.observe
     aengine.on_step_failure = metrics.step_failed
     app.state.engine, app.state.async_engine, app.state.metrics = engine, aengine, metrics

@@ -22,16 +22,32 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--learner-parts", nargs="*", default=[], metavar="PART",
                    help="server parts to load from my_engine/ (LAB_LEARNER_DIR) in place of the reference: "
                         "server.stream_sse")
+    p.add_argument("--learner-upto", default=None, metavar="LAB",
+                   help="run the engine with the learner's saved parts of labs up to LAB (e.g. 12) from my_engine/ "
+                        "(LAB_LEARNER_DIR), the reference for parts not written; prints which is which")
     p.set_defaults(func=serve)
+
+
+def build_engine(args: argparse.Namespace):
+    """The engine `serve` runs: with `--learner-upto LAB`, the learner's saved parts of the labs up to LAB (their
+    scheduler, block manager, ... where written), the reference for the rest; the table goes to the log."""
+    from lab_utils.engine.engine import LLMEngine
+
+    parts = None
+    if args.learner_upto:
+        from lab_utils import learner
+
+        parts = learner.parts(upto=args.learner_upto)
+    return LLMEngine(args.model, engine_config_from_args(args), device=args.device, dtype=torch_dtype(args.dtype),
+                     parts=parts)
 
 
 def serve(args: argparse.Namespace) -> int:
     import uvicorn
 
-    from lab_utils.engine.engine import LLMEngine
     from lab_utils.server.app import create_app
 
-    engine = LLMEngine(args.model, engine_config_from_args(args), device=args.device, dtype=torch_dtype(args.dtype))
+    engine = build_engine(args)
     if engine.device.type == "cuda":  # as vLLM at start-up: compile and capture before the first request
         engine.warmup()
     app = create_app(engine, args.served_model_name or args.model, args.max_tokens_cap, args.api_key,

@@ -30,7 +30,7 @@ class ServerMetrics:
                                         registry=r)
         self.rejections = Counter("lab:requests_rejected", "Requests refused before the engine (4xx, 503)",
                                   ["status"], registry=r)
-        self.learner_part = Gauge("lab:learner_part", "1 for each server part that is the learner's", ["part"],
+        self.learner_part = Gauge("lab:learner_part", "1 for each part (server or engine) that is the learner's", ["part"],
                                   registry=r)
         self._seen_tokens: dict[str, int] = {}
 

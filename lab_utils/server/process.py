@@ -112,20 +112,24 @@ class ServerProcess:
 class LabServer(ServerProcess):
     """`python -m lab_utils serve`: `with LabServer("smollm2-135m", max_num_seqs=32) as srv: ... srv.base_url`.
     Engine flags are keyword arguments with the engine's names (`max_num_seqs=32` -> `--max-num-seqs 32`);
-    `learner_parts=["server.stream_sse"]` runs the learner's streaming loop (saved in my_engine/)."""
+    `learner_parts=["server.stream_sse"]` runs the learner's streaming loop (saved in my_engine/);
+    `learner_upto="12"` runs the engine with the learner's saved parts of labs up to 12 (the reference elsewhere)."""
 
     name = "lab_server"
 
     def __init__(self, model: str = "smollm2-135m", port: int | None = None, device: str = "auto",
                  api_key: str | None = None, startup_timeout_s: float = 120.0, learner_parts=(),
-                 **engine_flags) -> None:
+                 learner_upto: str | None = None, **engine_flags) -> None:
         args = ["lab_utils", "serve", "--model", model, "--device", device, *cli_flags(engine_flags)]
         if api_key:
             args += ["--api-key", api_key]
         env = {"HF_HUB_OFFLINE": "1"}
-        if learner_parts:  # the server loads the learner's saved parts from this process's my_engine/
+        if learner_parts or learner_upto:  # the server loads the learner's saved parts from this process's my_engine/
             from lab_utils import learner
 
-            args += ["--learner-parts", *learner_parts]
+            if learner_parts:
+                args += ["--learner-parts", *learner_parts]
+            if learner_upto:
+                args += ["--learner-upto", learner_upto]
             env["LAB_LEARNER_DIR"] = str(learner.learner_dir().resolve())
         super().__init__(args, port, startup_timeout_s, env=env)
