@@ -533,7 +533,8 @@ HINTS: dict[str, tuple[str, str, str]] = {
         "3. For each name and tensor of the cache: index axis 1 with the slots (on the tensor's device) and move "
         "the result to the CPU.\n"
         "4. Return the dict of results.",
-        "slots ← integer tensor of  table[⌊t / block_size⌋] · block_size + (t mod block_size)  for t < num_tokens\n"
+        "slots ← integer tensor of  table[⌊t / block_size⌋] · block_size + (t mod block_size)\n"
+        "        for t = 0 … num_tokens − 1\n"
         "answer  { name: that tensor's slots along axis 1, on the CPU   for each name, tensor of the cache }",
     ),
     "10.request_meta": (
@@ -594,7 +595,8 @@ HINTS: dict[str, tuple[str, str, str]] = {
         "5. Keep the first MAX_ENTITIES.\n"
         "6. Return a new SessionState with the turn one higher.",
         "E, C ← the message's entities and constraints\n"
-        "first turn, or E non-empty and no reference back →  entities ← E;  constraints ← C;  goal ← the message's\n"
+        "first turn, or E non-empty and no reference back →\n"
+        "    entities ← E;  constraints ← C;  goal ← the message's\n"
         "otherwise →  entities ← E then the old ones not in E;  constraints ← old then new;  goal ← old goal\n"
         "drop each entity X with \"not X\" among the constraints;   keep at most MAX_ENTITIES\n"
         "answer  a SessionState of these, turn + 1",

@@ -14,7 +14,7 @@ the hint the learner sees:
 becomes, in the learner's copy of lab 00,
 
     def rope(x, cos, sin):
-        # Stuck? from lab_utils.hints import hint; hint("00.rope") gives the idea, ...
+        # Stuck? from lab_utils.hints import hint; hint("00.rope") gives the idea, levels 2 and 3 more
         raise NotImplementedError("Hint: rotate pairs (i, i + D/2) ...")
 
 The first comment states the exercise's contract, never its code (tests/unit/test_hints.py measures that). The
@@ -42,6 +42,7 @@ from pathlib import Path
 
 import nbformat
 
+from lab_utils.hints import hints_log, hints_table
 from lab_utils.paths import REPO_ROOT
 
 BEGIN = "### BEGIN SOLUTION"
@@ -148,8 +149,7 @@ def exercise_ids(nb: nbformat.NotebookNode, lab: str) -> list[str]:
 
 def hint_line(indent: str, ex_id: str) -> str:
     """The one line of a learner copy's exercise that says how to ask for help."""
-    return (f'{indent}# Stuck? from lab_utils.hints import hint; hint("{ex_id}") gives the idea, '
-            f'hint("{ex_id}", 2) the steps, hint("{ex_id}", 3) pseudo-code')
+    return f'{indent}# Stuck? from lab_utils.hints import hint; hint("{ex_id}") gives the idea, levels 2 and 3 more'
 
 
 def _raise_line(indent: str, hint: str) -> str:
@@ -379,8 +379,6 @@ def _stats(args: argparse.Namespace) -> int:
     problems = threshold_problems(stats, args.min_total, args.max_exercise)
     for p in problems:
         print(f"below target: {p}")
-    from lab_utils.hints import hints_log, hints_table  # the hint texts are only needed here
-
     log = hints_log(args.out)
     print(f"\nhints asked (from {log}):")
     print(hints_table(log))
