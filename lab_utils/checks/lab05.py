@@ -131,6 +131,12 @@ def check_int8_per_channel(quantize_fn: Callable, dequantize_fn: Callable, seed:
             raise AssertionError(f"scale[{r}] = {scale[r].item()}: row {r} is all zeros and the scale must stay positive "
                                  f"and finite (any positive value works when there is nothing to represent)")
         nz = ref.scale.squeeze(1) != 1.0
+        distinct_rows = not torch.allclose(ref.scale[nz], ref.scale[nz][:1], rtol=1e-5, atol=0)
+        if distinct_rows and torch.equal(scale, scale[:1].expand_as(scale)):  # per-tensor, repeated in every row
+            raise AssertionError(f"every row has the same scale ({scale[0, 0].item():.6g}): that is one scale for the "
+                                 f"whole tensor (per-tensor), repeated in each row; per-channel gives each output row "
+                                 f"its own scale, the largest |value| of that row / 127 (row 0: "
+                                 f"{ref.scale[0, 0].item():.6g})")
         bad = nz & ~torch.isclose(scale.squeeze(1), ref.scale.squeeze(1), rtol=1e-5, atol=0)
         if bad.any():
             r = int(bad.nonzero()[0, 0])

@@ -111,6 +111,11 @@ def test_int8_checker_accepts_correct(capsys):
 
 @pytest.mark.parametrize("quant, dequant, message", [
     (lambda w: good_quant(w, per="tensor"), good_dequant, "per-tensor"),
+    # per-tensor broadcast to [out, 1] (the right shape): named per-tensor, not "the largest value"
+    (lambda w: (lambda q, s: (q, s.expand(w.shape[0], 1)))(*good_quant(w, per="tensor")), good_dequant,
+     "same scale.*per-tensor"),
+    (lambda w: (lambda q, s: (q, s.expand(w.shape[0], 1).clone()))(*good_quant(w, per="tensor", absmax=False)),
+     good_dequant, "same scale.*per-tensor"),
     (lambda w: good_quant(w, per="col"), good_dequant, "per input column|shape"),
     (lambda w: good_quant(w, qmax=128), good_dequant, "divided by 128"),
     (lambda w: good_quant(w, rnd=torch.trunc), good_dequant, "round to nearest"),
