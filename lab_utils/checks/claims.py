@@ -5,20 +5,22 @@ measurements, and `assert_claims(r)`. Keeping the logic out of the notebook lets
 measurement (a broken component, a slower path) and see the claim fail: every claim must be able to fail.
 A statement that only re-checks a model's own arithmetic says so ("check of the model"), so it does not read as
 a measurement.
+A timing claim may also be "not judged" (verdict None, see `lab_utils.checks.timing`): the machine was too busy
+for its interleaved rounds to agree. It is printed with how to rerun, and raises nothing.
 """
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-Claim = tuple[str, bool]
+Claim = tuple[str, bool | None]  # None: a timing claim the run could not judge
 
 
 def report(claims: Sequence[Claim], show: bool = True) -> None:
-    """Print each claim as PASS/FAIL; raise AssertionError naming every claim that failed."""
+    """Print each claim as PASS/FAIL/NOT JUDGED; raise AssertionError naming every claim that failed."""
     if show:
         for text, ok in claims:
-            print(("PASS  " if ok else "FAIL  ") + text)
-    failed = [text for text, ok in claims if not ok]
+            print(("NOT JUDGED  " if ok is None else "PASS  " if ok else "FAIL  ") + text)
+    failed = [text for text, ok in claims if ok is not None and not ok]
     if failed:
         raise AssertionError(f"{len(failed)} of {len(claims)} claims failed: " + " | ".join(failed))
 
@@ -28,3 +30,14 @@ def need(r: Mapping, *keys: str) -> None:
     missing = [k for k in keys if k not in r]
     if missing:
         raise KeyError(f"the claims need {missing}: run the cells above first (they compute these)")
+
+
+def parts_called(what: str, calls: Mapping[str, int], names: Sequence[str]) -> Claim:
+    """The claim '<what> ran your <parts>', with each part's calls in the measured run (`EngineParts.calls`, or
+    its difference over the run): it holds only when every named part was called at least once."""
+    counts = {name: int(calls.get(name, 0)) for name in names}
+    idle = [name for name, k in counts.items() if k == 0]
+    text = f"{what} ran your " + ", ".join(f"{name.split('.')[-1]} ({k} calls)" for name, k in counts.items())
+    if idle:
+        text += f"; never called: {', '.join(idle)}"
+    return text, bool(counts) and not idle

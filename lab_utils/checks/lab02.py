@@ -9,6 +9,8 @@ reference code. A `NotImplementedError` from the learner's function propagates u
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import copy
 import random
 from typing import Callable
@@ -154,12 +156,44 @@ def check_allocator(grow: Callable, release: Callable, cases: int = 200) -> None
     learner.submit("block_manager.release", release)
 
 
+def _full_pool(preemption_mode: str = "recompute"):
+    """Three requests decoding in a full 6-block pool (block size 4): the oldest holds 2 blocks, the two newer 2
+    each; the oldest now needs 3 more blocks, so one victim is not enough."""
+    from lab_utils.engine.block_manager import BlockManager
+    from lab_utils.engine.config import EngineConfig
+    from lab_utils.engine.request import Request, Status
+    from lab_utils.engine.sampling_params import SamplingParams
+    from lab_utils.engine.scheduler import Scheduler
+
+    cfg = EngineConfig(block_size=4, watermark=0.0, enable_prefix_caching=False, preemption_mode=preemption_mode)
+    sched = Scheduler(cfg, BlockManager(6, 4, enable_prefix_caching=False, watermark=0.0))
+    for i in range(3):
+        req = Request(str(i), None, list(range(1, 8)), SamplingParams(max_tokens=20, ignore_eos=True), 0.0)
+        sched.add(req)
+        sched.start(req, 7)
+        req.num_computed_tokens = 7
+        req.token_ids.append(9)
+        req.status = Status.RUNNING
+    return sched
+
+
 def check_preemption(make_room: Callable, preempt: Callable, cases: int = 200) -> None:
-    """Your `make_room` and `preempt` against the engine's on random scheduler states (pools short of blocks)."""
+    """Your `make_room` and `preempt` against the engine's: a full pool where one victim is not enough, then
+    random scheduler states (pools short of blocks) in every setting the engine runs them in."""
     from lab_utils import learner
+    from lab_utils.checks import parts_check
     from lab_utils.checks.parts_check import check_part
+    from lab_utils.engine.scheduler import SchedulerOutput
 
     check_part("scheduler.preempt", preempt, trials=cases)
+
+    def grow_oldest(g, s):
+        out, req = SchedulerOutput(), s.running[0]
+        return parts_check.Call(result=g(s, req, 20, out), out=out, req=req, req_id=req.request_id,
+                                args=f"make_room(request '0', num_tokens=20) with running {[r.request_id for r in s.running]}")
+
+    parts_check.compare_call("scheduler.make_room", make_room, _full_pool(), grow_oldest,
+                             "a full pool where the oldest of three requests needs 3 more blocks")
     check_part("scheduler.make_room", make_room, trials=cases)
     learner.submit("scheduler.preempt", preempt)
     learner.submit("scheduler.make_room", make_room)
@@ -175,17 +209,25 @@ def check_slot_mapping(fn: Callable, cases: int = 200) -> None:
 
 
 # -- the lab's claims ----------------------------------------------------------------------------------------
-def claims(contiguous: dict, paged: dict, same: int, num_requests: int, used_your_parts: bool,
+PAGED_RUN_PARTS = ("block_manager.grow", "block_manager.release", "scheduler.make_room", "scheduler.preempt",
+                   "attention.slot_mapping")
+
+
+def claims(contiguous: dict, paged: dict, same: int, num_requests: int, calls: Mapping[str, int],
            all_finished: bool) -> dict[str, bool]:
-    """Lab 02's claims from the two runs' measurements (`table_rows[...]`), each with its verdict."""
+    """Lab 02's claims from the two runs' measurements (`table_rows[...]`), each with its verdict. `calls`: how
+    often the paged run called each of your parts (`parts.calls` over the run)."""
+    from lab_utils.checks.claims import parts_called
+
     c, p = contiguous, paged
+    used, ran = parts_called("the paged run (its pool ran dry, so it preempted)", calls, PAGED_RUN_PARTS)
     return {
         f"paged waste {100 * p['kv_waste']:.2f}% < 4% of allocated KV memory": p["kv_waste"] < 0.04,
         f"contiguous reservation waste {100 * c['kv_waste']:.0f}% > 50%": c["kv_waste"] > 0.5,
         f">= 2x more sequences resident at once ({p['peak_running']} vs {c['peak_running']})":
             p["peak_running"] >= 2 * c["peak_running"],
         f"greedy outputs identical in both layouts ({same}/{num_requests})": same == num_requests,
-        "the paged run used your allocator, preemption and slot mapping": used_your_parts,
+        used: ran,
         "every request finished with all its tokens in both layouts": all_finished,
     }
 

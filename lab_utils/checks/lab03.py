@@ -1,23 +1,23 @@
 """Checks for lab 03's exercise: the engine's token-budget step, `Scheduler.schedule_token_budget` (vLLM V1).
 
-`check_schedule_token_budget(fn)` first runs a few small hand-built steps, each of which catches one known
-mistake and names it (admitting new prompts before the running requests, not chunking the last prompt, keeping
-finished requests in the batch, stopping a running prompt's chunks, admitting after a preemption); then
-`parts_check.check_part` compares `fn` with the reference on random engine states. When both pass, the function
+`check_schedule_token_budget(fn)` first runs a few small hand-built steps, in each of which one known mistake
+shows (admitting new prompts before the running requests, not chunking the last prompt, keeping finished
+requests in the batch, stopping a running prompt's chunks, admitting after a preemption) and is named by
+`parts_check`'s diagnosers; then `parts_check.check_part` compares `fn` with the reference on random engine
+states in every setting the engine runs it in (prefix caching on and off, both preemption modes). When both pass, the function
 becomes the engine's part (`learner.submit`), so the lab's measurements run it. The reference is never shown.
 """
 from __future__ import annotations
 
-import copy
 from typing import Callable
 
 from lab_utils.checks import parts_check
 from lab_utils.engine.block_manager import BlockManager
 from lab_utils.engine.config import EngineConfig
-from lab_utils.engine.parts import LearnerPartError, check_signature
+from lab_utils.engine.parts import check_signature
 from lab_utils.engine.request import Request, Status
 from lab_utils.engine.sampling_params import SamplingParams
-from lab_utils.engine.scheduler import Scheduler, SchedulerOutput
+from lab_utils.engine.scheduler import Scheduler
 
 PART = "scheduler.schedule_token_budget"
 
@@ -41,69 +41,41 @@ def _step(sched: Scheduler) -> None:
             req.token_ids.append(7)
 
 
-def _scenarios() -> list[tuple[str, Scheduler, str]]:
-    """(what it is, the scheduler just before the step, the mistake a difference means)."""
+def _scenarios() -> list[tuple[str, Scheduler]]:
+    """(what it is, the scheduler just before the step): small steps in which one known mistake shows."""
     out = []
     # two requests decoding, a long prompt arrives: decodes first, then the prompt chunked into what is left
     s = _scheduler(budget=8)
     s.add(_req("a", 5)), s.add(_req("b", 3))
     _step(s)
     s.add(_req("long", 20))
-    out.append(("two decodes and a new 20-token prompt, budget 8", s,
-                "running requests come first: each running request gets its tokens (a decode 1) before any new "
-                "prompt is admitted, then new prompts take what is left; the last one admitted is chunked to fit "
-                "(n = min(tokens left, budget))"))
+    out.append(("two decodes and a new 20-token prompt, budget 8", s))
     # a prompt half prefilled keeps priority over a new prompt
     s = _scheduler(budget=8)
     s.add(_req("a", 20))
     _step(s)
     s.add(_req("b", 4))
-    out.append(("a 20-token prompt with 8 tokens computed, and a new 4-token prompt, budget 8", s,
-                "a running request still in its prompt takes its next chunk, min(tokens left, budget), before new "
-                "prompts: running means decode or unfinished prefill"))
+    out.append(("a 20-token prompt with 8 tokens computed, and a new 4-token prompt, budget 8", s))
     # a finished request must leave before anyone counts the slots
     s = _scheduler(budget=16, max_num_seqs=2)
     s.add(_req("a", 3)), s.add(_req("b", 3))
     _step(s)
     s.finish(s.running[1], Status.FINISHED)
     s.add(_req("c", 4))
-    out.append(("max_num_seqs=2, one running request just finished, one new prompt", s,
-                "retire first: drop finished requests (req.status.done) from self.running, or they keep a slot "
-                "that a new prompt should get (self.running = [r for r in self.running if not r.status.done])"))
+    out.append(("max_num_seqs=2, one running request just finished, one new prompt", s))
     # memory short: the step preempts, and then nobody new may join
     s = _scheduler(budget=5, num_blocks=4)
     s.add(_req("a", 8)), s.add(_req("b", 4))
     for _ in range(3):
         _step(s)
-    out.append(("a 4-block pool, two requests; the step must preempt the newest", s,
-                "when make_room had to preempt (out.preempted is not empty), memory is short: admit no new "
-                "request in this step (the preempted one would take the blocks straight back)"))
+    out.append(("a 4-block pool, two requests; the step must preempt the newest", s))
     return out
 
 
-def _describe(o: SchedulerOutput) -> str:
-    return (f"scheduled {[(r.request_id, n) for r, n in o.scheduled]}"
-            + (f", preempted {[r.request_id for r in o.preempted]}" if o.preempted else ""))
-
-
 def _run_scenarios(fn: Callable) -> None:
-    for what, sched, mistake in _scenarios():
-        a, b = copy.deepcopy(sched), copy.deepcopy(sched)
-        want = Scheduler.schedule_token_budget(a)
-        try:
-            got = fn(b)
-            if not isinstance(got, SchedulerOutput):
-                raise LearnerPartError(f"return the step as a SchedulerOutput, not {type(got).__name__}")
-            b._check(got, "schedule_token_budget")
-        except NotImplementedError:
-            raise
-        except LearnerPartError as err:
-            raise AssertionError(f"{PART} ({what}): {err}") from None
-        except Exception as err:
-            raise AssertionError(f"{PART} ({what}): your function raised {type(err).__name__}: {err}") from err
-        if _describe(got) != _describe(want):
-            raise AssertionError(f"{PART} ({what}): you {_describe(got)}; expected {_describe(want)}\n"
-                                 f"likely mistake: {mistake}")
+    for what, sched in _scenarios():
+        parts_check.compare_call(PART, fn, sched, lambda f, s, w=what: parts_check.Call(result=f(s), args=w),
+                                 f"the step with {what}")
 
 
 def check_schedule_token_budget(fn: Callable, trials: int = 150, seed: int = 0, submit: bool = True) -> None:
@@ -120,10 +92,11 @@ def check_schedule_token_budget(fn: Callable, trials: int = 150, seed: int = 0, 
 
 # --- the lab's closing claims --------------------------------------------------------------------------------
 def claims(r: dict) -> list[tuple[str, bool]]:
-    """Lab 03's claims from the sweep's measurements `r` (built in the notebook's claims cell)."""
-    from lab_utils.checks.claims import need
+    """Lab 03's claims from the sweep's measurements `r` (built in the notebook's claims cell); `calls`: how often
+    the sweep's runs called each of your parts (`parts.calls` over the sweep)."""
+    from lab_utils.checks.claims import need, parts_called
 
-    need(r, "rows", "chunked_budgets", "runs_complete", "run_tokens", "whole_prompt_tokens", "learners_step")
+    need(r, "rows", "chunked_budgets", "runs_complete", "run_tokens", "whole_prompt_tokens", "calls")
     by = {(row["scheduler"], row["budget"]): row for row in r["rows"]}
     chunked = list(r["chunked_budgets"])
     worst = {b: by[("continuous", b)]["max_itl_ms"] / by[("token_budget", b)]["max_itl_ms"] for b in chunked}
@@ -137,7 +110,7 @@ def claims(r: dict) -> list[tuple[str, bool]]:
         (f"chunked prefill leaves greedy outputs unchanged: all {len(runs)} chunked runs (both policies, every "
          f"budget) generated the same tokens as whole-prompt prefill",
          bool(runs) and all(t == r["whole_prompt_tokens"] for t in runs)),
-        ("these runs used your schedule_token_budget (the engine's part is yours)", bool(r["learners_step"])),
+        parts_called("the token-budget runs of the sweep", r["calls"], [PART]),
     ]
 
 

@@ -4,9 +4,11 @@ Four parts (see `lab_utils.engine.parts`): `hash_block` names a full block, `mat
 cached leading blocks, `recycle` decides what happens to a block nobody references any more (kept in the LRU
 list if it holds a named prefix, else freed), `evict` takes the least recently used cached block back.
 
-Each `check_*` first runs small hand-built block pools in which one known mistake shows and is named, then
-`parts_check.check_part` compares the function with the reference on random engine states (every piece of state
-it touches), and, when both pass, makes it the engine's part (`learner.submit`). The reference is never shown.
+Each `check_*` first runs small hand-built block pools in which one known mistake shows (named by `parts_check`'s
+diagnosers when the difference is evidence for it), then `parts_check.check_part` compares the function with the
+reference on random engine states in every setting the engine runs it in (prefix caching on and off included:
+the engine's "caching off" baselines run these parts too), and, when both pass, makes it the engine's part
+(`learner.submit`). The reference is never shown.
 """
 from __future__ import annotations
 
@@ -16,9 +18,11 @@ from typing import Callable
 
 from lab_utils.checks import parts_check
 from lab_utils.engine.block_manager import BlockManager
+from lab_utils.engine.config import EngineConfig
 from lab_utils.engine.parts import check_signature
 from lab_utils.engine.request import Request
 from lab_utils.engine.sampling_params import SamplingParams
+from lab_utils.engine.scheduler import Scheduler
 
 BS = 4  # block size of the hand-built pools
 PROMPT = [11, 12, 13, 14, 21, 22, 23, 24, 31, 32, 33, 34, 41]  # three full blocks and one token
@@ -46,33 +50,19 @@ def _pool(num_blocks: int = 12) -> BlockManager:
     return bm
 
 
-def _state(bm: BlockManager) -> dict:
-    return {"free_ids": sorted(bm.free_ids), "evictable (LRU order)": list(bm.evictable),
-            "hash_to_block": dict(bm.hash_to_block), "ref_counts": [b.ref_count for b in bm.blocks],
-            "block names (hash, token_ids)": [(b.hash, b.token_ids) for b in bm.blocks]}
+def _compare(part: str, what: str, fn: Callable, call: Callable, bm: BlockManager) -> None:
+    """`call(g, bm) -> (result, block_id or request it was given)` with the reference and with `fn`, on copies
+    of `bm`; the first difference fails naming the part, its file, the lab and, where a diagnoser of
+    `parts_check` has evidence for it, the likely mistake."""
+    cfg = EngineConfig(block_size=BS, enable_prefix_caching=bm.enable_prefix_caching, watermark=0.0)
+    sched = Scheduler(cfg, bm)
 
+    def run(g: Callable, s: Scheduler) -> parts_check.Call:
+        result, given = call(g, s.bm)
+        return parts_check.Call(result=result, args=what, block_id=given if isinstance(given, int) else None,
+                                req=given if isinstance(given, Request) else None)
 
-def _compare(part: str, what: str, fn: Callable, call: Callable, bm: BlockManager, mistake: str,
-             state_mistake: str | None = None) -> None:
-    """Run `call(reference)` and `call(fn)` on copies of `bm`; the first difference fails naming `mistake`
-    (`state_mistake` when it returned the right value but left the pool in another state)."""
-    a, b = copy.deepcopy(bm), copy.deepcopy(bm)
-    want = call(getattr(BlockManager, part), a)
-    try:
-        got = call(fn, b)
-    except NotImplementedError:
-        raise
-    except Exception as err:
-        raise AssertionError(f"block_manager.{part} ({what}): your function raised {type(err).__name__}: {err}") \
-            from err
-    if got != want:
-        raise AssertionError(f"block_manager.{part} ({what}): it returned {got!r}; expected {want!r}\n"
-                             f"likely mistake: {mistake}")
-    sa, sb = _state(a), _state(b)
-    key = next((k for k in sa if sa[k] != sb[k]), None)
-    if key is not None:
-        raise AssertionError(f"block_manager.{part} ({what}): afterwards {key} is {sb[key]!r}; expected "
-                             f"{sa[key]!r}\nlikely mistake: {state_mistake or mistake}")
+    parts_check.compare_call(f"block_manager.{part}", fn, sched, run, f"the pool with {what}")
 
 
 def _finish(name: str, fn: Callable, trials: int, seed: int, submit: bool) -> None:
@@ -97,12 +87,12 @@ def check_hash_block(fn: Callable, trials: int = 150, seed: int = 0, submit: boo
             continue
         where = f"(parent_hash={parent}, token_ids={ids})"
         if not isinstance(got, int):
-            raise AssertionError(f"{name}: returned {type(got).__name__}, not an int {where}")
+            raise AssertionError(f"{parts_check.where(name)}: returned {type(got).__name__}, not an int {where}")
         if got == hash(ids) or (parent is not None and got == BlockManager.hash_block(bm, None, ids)):
-            raise AssertionError(f"{name}: the name does not depend on parent_hash {where}: hash the pair "
+            raise AssertionError(f"{parts_check.where(name)}: the name does not depend on parent_hash {where}: hash the pair "
                                  f"(parent_hash, token_ids), or two prompts that differ in an earlier block would "
                                  f"share this block, whose K/V were computed for another past")
-        raise AssertionError(f"{name}: returned {got}, expected {want} {where}: the engine names a block "
+        raise AssertionError(f"{parts_check.where(name)}: returned {got}, expected {want} {where}: the engine names a block "
                              f"hash((parent_hash, token_ids)), a tuple of the parent's name and the block's ids")
     _finish(name, fn, trials, seed, submit)
 
@@ -112,31 +102,38 @@ def check_match_prefix(fn: Callable, trials: int = 150, seed: int = 0, submit: b
     name = "block_manager.match_prefix"
     check_signature(name, fn)
 
+    def match(ids: list[int]) -> Callable:
+        def call(g, bm):
+            req = _req(ids)
+            return g(bm, req), req
+        return call
+
     cases = [
-        ("the cached 13-token prompt again", _req(PROMPT),
-         "walk the prompt's full blocks in order: parent = self.hash_block(parent, ids), look the name up in "
-         "self.hash_to_block, and keep the block id while it hits"),
-        ("its first 12 tokens: three full blocks, all cached", _req(PROMPT[:12]),
-         "you matched every full block of the prompt: leave at least one prompt token to compute (match at most "
-         "(num_prompt_tokens - 1) // block_size blocks), because the step that computes the last prompt token "
-         "produces the logits the first output token is sampled from"),
-        ("same first block, different second block, same third block", _req(PROMPT[:4] + [9, 9, 9, 9] + PROMPT[8:]),
-         "stop at the first block that misses: a later block with equal tokens was computed after another past, "
-         "and its chained name differs anyway (chain the names, parent = the previous block's name)"),
-        ("a prompt sharing nothing", _req([5, 6, 7, 8, 1, 2, 3, 4, 9]),
-         "a prompt whose first block misses matches nothing: return []"),
+        ("the cached 13-token prompt again", PROMPT),
+        ("its first 12 tokens: three full blocks, all cached", PROMPT[:12]),
+        ("same first block, different second block, same third block", PROMPT[:4] + [9, 9, 9, 9] + PROMPT[8:]),
+        ("a prompt sharing nothing", [5, 6, 7, 8, 1, 2, 3, 4, 9]),
     ]
-    for what, req, mistake in cases:
-        _compare("match_prefix", what, fn, lambda g, bm, r=req: g(bm, _req(r.prompt_token_ids)), _pool(), mistake)
+    for what, ids in cases:
+        _compare("match_prefix", what, fn, match(ids), _pool())
+    # the prompt's second block was evicted, its third is still cached: a hit must be a whole prefix
+    bm = _pool()
+    second = bm.hash_to_block[BlockManager.hash_block(bm, BlockManager.hash_block(bm, None, tuple(PROMPT[:4])),
+                                                      tuple(PROMPT[4:8]))]
+    bm.evictable.move_to_end(second, last=False)  # the least recently used: evicted first
+    BlockManager.evict(bm)
+    _compare("match_prefix", "the cached prompt again after its second block was evicted", fn, match(PROMPT), bm)
     # a hash collision: the name of a new block points at a cached block that holds other tokens
     bm = _pool()
     other = [61, 62, 63, 64, 1]
     bm.hash_to_block[BlockManager.hash_block(bm, None, tuple(other[:4]))] = bm.hash_to_block[
         BlockManager.hash_block(bm, None, tuple(PROMPT[:4]))]
     _compare("match_prefix", "a prompt whose first block's name collides with a cached block of other tokens", fn,
-             lambda g, b: g(b, _req(other)), bm,
-             "equal names almost always mean equal tokens, but not always: compare the cached block's token_ids "
-             "(self.blocks[bid].token_ids) with the prompt's, and treat a difference as a miss")
+             match(other), bm)
+    # caching switched off: the engine's baseline runs must not hit, whatever the pool holds
+    bm = _pool()
+    bm.enable_prefix_caching = False
+    _compare("match_prefix", "the cached prompt again, but enable_prefix_caching off", fn, match(PROMPT), bm)
     _finish(name, fn, trials, seed, submit)
 
 
@@ -151,27 +148,20 @@ def check_recycle(fn: Callable, trials: int = 150, seed: int = 0, submit: bool =
     def drop(bid: int) -> Callable:
         def call(g, b):
             b.blocks[bid].ref_count = 0  # its last reference just went
-            return g(b, bid)
+            return g(b, bid), bid
         return call
 
     named = [b.block_id for b in bm.blocks if b.ref_count == 1 and b.hash is not None and b.block_id != shared]
     unnamed = [b for b in second_own if bm.blocks[b].hash is None]
-    _compare("recycle", "the shared first block of the cached prompt, last reference gone", fn, drop(shared), bm,
-             "a block that holds a named prefix (self.hash_to_block[block.hash] == block_id) stays cached: put it "
-             "at the end (the most recently used) of self.evictable (self.evictable[block_id] = None), not back "
-             "in free_ids, so a later prompt can still hit it")
+    _compare("recycle", "the shared first block of the cached prompt, last reference gone", fn, drop(shared), bm)
     if named:
-        _compare("recycle", "a named full block of a running request, last reference gone", fn, drop(named[0]), bm,
-                 "a block with a name goes to the end of the LRU list self.evictable (the newest), not the front")
-    _compare("recycle", "the unnamed partial last block of a request", fn, drop(unnamed[0]), bm,
-             "a block without a name (block.hash is None) can never be hit: free it (self.free_ids.append)")
+        _compare("recycle", "a named full block of a running request, last reference gone", fn, drop(named[0]), bm)
+    _compare("recycle", "the unnamed partial last block of a request", fn, drop(unnamed[0]), bm)
     dup = copy.deepcopy(bm)
     blk = dup.blocks[unnamed[0]]
     blk.hash, blk.token_ids = dup.blocks[shared].hash, dup.blocks[shared].token_ids  # same tokens, computed twice
     _compare("recycle", "a full block whose name belongs to another block (the same tokens, computed twice)", fn,
-             drop(unnamed[0]), dup,
-             "a block is cached only if the name leads to it (self.hash_to_block.get(block.hash) == block_id); a "
-             "duplicate no lookup can find is freed, and forgets its name (block.hash = None, block.token_ids = ())")
+             drop(unnamed[0]), dup)
     _finish(name, fn, trials, seed, submit)
 
 
@@ -179,11 +169,32 @@ def check_evict(fn: Callable, trials: int = 150, seed: int = 0, submit: bool = T
     """`fn(self) -> block_id`: the least recently used cached block, taken out of the cache."""
     name = "block_manager.evict"
     check_signature(name, fn)
-    _compare("evict", "two cached blocks in LRU order, a third still in use", fn, lambda g, b: g(b), _pool(),
-             "you evicted another block than the least recently used one: take the front of self.evictable "
-             "(self.evictable.popitem(last=False)); the end holds the most recently used",
-             "the evicted block must forget its name: drop it from self.hash_to_block and clear block.hash and "
-             "block.token_ids, or a later prompt would hit a block that now holds other tokens")
+    _compare("evict", "two cached blocks in LRU order, a third still in use", fn, lambda g, b: (g(b), None), _pool())
+    _finish(name, fn, trials, seed, submit)
+
+
+def check_commit_full_blocks(fn: Callable, trials: int = 200, seed: int = 0, submit: bool = True) -> None:
+    """`fn(self, req) -> None`: names every block of `req` whose tokens are all computed. Hand-built pools (the
+    same prompt computed twice at once; caching off), then random pools in every setting; then the engine names
+    blocks with it."""
+    name = "block_manager.commit_full_blocks"
+    check_signature(name, fn)
+    for caching in (True, False):
+        bm = BlockManager(12, BS, enable_prefix_caching=caching, watermark=0.0)
+        twins = [_req(PROMPT, "first"), _req(PROMPT, "twin")]
+        for r in twins:  # admitted in the same step: neither found the other's blocks in the cache
+            bm.admit(r)
+            bm.grow(r, len(PROMPT))
+            r.num_computed_tokens = len(PROMPT)
+        bm.commit_full_blocks(twins[0])
+
+        def call(g, b, twin=twins[1]):  # the request lives outside the pool: each run gets its own copy
+            req = copy.deepcopy(twin)
+            return g(b, req), req
+
+        what = ("the same 13-token prompt computed twice in one step, the first copy already named" if caching else
+                "a computed 13-token prompt, enable_prefix_caching off")
+        _compare("commit_full_blocks", what, fn, call, bm)
     _finish(name, fn, trials, seed, submit)
 
 
@@ -215,16 +226,21 @@ def predicted_ttft_cut(fit: tuple[float, float], prompt_lens: list[int], cached:
     return 1 - on / off if off > 0 else 0.0
 
 
+CACHED_RUN_PARTS = tuple(f"block_manager.{p}" for p in ("hash_block", "commit_full_blocks", "match_prefix",
+                                                         "recycle", "evict"))
+
+
 def claims(r: dict) -> list[tuple[str, bool]]:
     """Lab 04's claims from the runs' measurements `r` (built in the notebook's claims cell).
 
     The TTFT and replay claims expect what this device's prefill costs predict (`ttft_cut_predicted`, from
     `prefill_cost_fit` and the hits of the run): on a CPU a hit saves most of a prompt's prefill; on a GPU a
-    small model's prefill is launch-bound, so a hit saves little time there, and the claim says so."""
-    from lab_utils.checks.claims import need
+    small model's prefill is launch-bound, so a hit saves little time there, and the claim says so. `calls`: how
+    often the cached runs called each of your parts (`parts.calls` over those runs)."""
+    from lab_utils.checks.claims import need, parts_called
 
     need(r, "hit_rate", "mean_ttft_off_ms", "mean_ttft_on_ms", "ttft_cut_predicted", "replay_s_off", "replay_s_on",
-         "hit_rate_by_pool", "replies_identical", "replies", "learners_parts")
+         "hit_rate_by_pool", "replies_identical", "replies", "calls")
     cut, pred = 1 - r["mean_ttft_on_ms"] / r["mean_ttft_off_ms"], r["ttft_cut_predicted"]
     compute_bound = pred >= 0.5  # a hit saves most of the prefill: it must show plainly
     pools = r["hit_rate_by_pool"]
@@ -241,8 +257,8 @@ def claims(r: dict) -> list[tuple[str, bool]]:
         (f"memory pressure evicts: hit rate {small:.2f} (smallest pool) < {large:.2f} (largest)", small < large),
         (f"the cache changes no reply: {r['replies_identical']} of {r['replies']} greedy replies identical with "
          f"caching off and on", r["replies"] > 0 and r["replies_identical"] == r["replies"]),
-        ("the cached runs used your hash_block, match_prefix, recycle and evict (the engine's parts are yours)",
-         bool(r["learners_parts"])),
+        parts_called("the cached runs (the replay and the pool sweep, whose small pools evict)", r["calls"],
+                     CACHED_RUN_PARTS),
     ]
 
 
@@ -251,12 +267,3 @@ def assert_claims(r: dict, show: bool = True) -> None:
     from lab_utils.checks.claims import report
 
     report(claims(r), show)
-
-
-def check_commit_full_blocks(fn) -> None:
-    """Your `commit_full_blocks` against the engine's on random pools; then the engine names blocks with it."""
-    from lab_utils import learner
-    from lab_utils.checks.parts_check import check_part
-
-    check_part("block_manager.commit_full_blocks", fn, trials=200)
-    learner.submit("block_manager.commit_full_blocks", fn)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+from collections import Counter
 from dataclasses import dataclass
 from typing import Callable, Mapping
 
@@ -139,11 +140,14 @@ def check_signature(name: str, fn: Callable) -> None:
                         f"the engine calls it as {PARTS[name].attr}{PARTS[name].signature}")
 
 
-def _guarded(name: str, fn: Callable) -> Callable:
-    """Call a learner's part; anything it raises (but NotImplementedError) comes back naming the part."""
+def _guarded(name: str, fn: Callable, calls: Counter | None = None) -> Callable:
+    """Call a learner's part, counting the call in `calls`; anything it raises (but NotImplementedError) comes
+    back naming the part."""
 
     @functools.wraps(fn)
     def call(*args, **kwargs):
+        if calls is not None:
+            calls[name] += 1
         try:
             return fn(*args, **kwargs)
         except (NotImplementedError, LearnerPartError):
@@ -156,12 +160,16 @@ def _guarded(name: str, fn: Callable) -> Callable:
 
 
 class EngineParts:
-    """Which implementation of each part an engine runs. Empty = the reference engine."""
+    """Which implementation of each part an engine runs. Empty = the reference engine.
+
+    `calls` counts the calls of each learner part by the engines built with these parts (a lab's "the run used
+    your parts" claim reads it: a part that is registered but never runs does not count)."""
 
     def __init__(self, overrides: Mapping[str, Callable] | None = None,
                  origins: Mapping[str, str] | None = None) -> None:
         self.overrides: dict[str, Callable] = {}
         self.origins: dict[str, str] = dict(origins or {})
+        self.calls: Counter[str] = Counter()
         for name, fn in (overrides or {}).items():
             check_signature(name, fn)
             self.overrides[name] = fn
@@ -179,7 +187,7 @@ class EngineParts:
 
     def subclass(self, base: type, component: str) -> type:
         """`base` itself, or a subclass of it whose methods are the learner's parts for `component`."""
-        methods = {PARTS[n].attr: _guarded(n, fn) for n, fn in self.overrides.items()
+        methods = {PARTS[n].attr: _guarded(n, fn, self.calls) for n, fn in self.overrides.items()
                    if PARTS[n].component == component}
         if not methods:
             return base
@@ -187,7 +195,7 @@ class EngineParts:
 
     def function(self, name: str, reference: Callable) -> Callable:
         fn = self.overrides.get(name)
-        return reference if fn is None else _guarded(name, fn)
+        return reference if fn is None else _guarded(name, fn, self.calls)
 
     def describe(self) -> str:
         """One line per part: whose version the engine runs."""

@@ -111,7 +111,8 @@ def _run() -> dict:
             for s, ms in (("continuous", 90.0), ("token_budget", 30.0))]
     toks = {"0": [5, 6, 7], "1": [8, 9]}
     return dict(rows=rows, chunked_budgets=[32, 64, 128], runs_complete=[True] * 12,
-                run_tokens=[dict(toks) for _ in range(12)], whole_prompt_tokens=toks, learners_step=True)
+                run_tokens=[dict(toks) for _ in range(12)], whole_prompt_tokens=toks,
+                calls={lab03.PART: 96})
 
 
 def test_claims_pass_on_a_good_run(capsys):
@@ -125,7 +126,8 @@ def test_claims_pass_on_a_good_run(capsys):
     (lambda r: r["runs_complete"].__setitem__(3, False), "every request finished"),
     (lambda r: r["run_tokens"][5].update({"1": [8, 10]}), "greedy outputs unchanged"),
     (lambda r: r.update(run_tokens=[]), "greedy outputs unchanged"),
-    (lambda r: r.update(learners_step=False), "used your schedule_token_budget"),
+    (lambda r: r.update(calls={lab03.PART: 0}), "never called: scheduler.schedule_token_budget"),  # registered, never run
+    (lambda r: r.update(calls={}), "never called: scheduler.schedule_token_budget"),
 ])
 def test_each_claim_can_fail(change, message):
     r = _run()

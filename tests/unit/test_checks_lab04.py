@@ -101,7 +101,7 @@ def test_not_implemented_propagates(part):
 def _run() -> dict:
     return dict(hit_rate=0.82, mean_ttft_off_ms=120.0, mean_ttft_on_ms=40.0, ttft_cut_predicted=0.7, replay_s_off=9.0,
                 replay_s_on=6.0, hit_rate_by_pool={12: 0.3, 24: 0.6, 48: 0.82}, replies_identical=18, replies=18,
-                learners_parts=True)
+                calls={name: 30 for name in lab04.CACHED_RUN_PARTS})
 
 
 def test_claims_pass_on_a_good_run(capsys):
@@ -117,7 +117,9 @@ def test_claims_pass_on_a_good_run(capsys):
     ("hit_rate_by_pool", {12: 0.82, 48: 0.82}, "memory pressure evicts"),
     ("replies_identical", 17, "changes no reply"),
     ("replies", 0, "changes no reply"),
-    ("learners_parts", False, "used your hash_block"),
+    ("calls", {**{name: 30 for name in lab04.CACHED_RUN_PARTS}, "block_manager.evict": 0},
+     "never called: block_manager.evict"),  # registered, but the runs never evicted
+    ("calls", {}, "never called: block_manager.hash_block"),
 ])
 def test_each_claim_can_fail(key, value, message):
     r = _run()

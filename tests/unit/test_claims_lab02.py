@@ -9,8 +9,11 @@ CONTIGUOUS = {"kv_waste": 0.745, "peak_running": 8}
 PAGED = {"kv_waste": 0.028, "peak_running": 24}
 
 
-def verdicts(c=CONTIGUOUS, p=PAGED, same=24, yours=True, finished=True):
-    return lab02.claims(c, p, same, 24, used_your_parts=yours, all_finished=finished)
+CALLS = {name: 50 for name in lab02.PAGED_RUN_PARTS}
+
+
+def verdicts(c=CONTIGUOUS, p=PAGED, same=24, calls=CALLS, finished=True):
+    return lab02.claims(c, p, same, 24, calls=calls, all_finished=finished)
 
 
 def test_good_measurements_pass():
@@ -22,7 +25,8 @@ def test_good_measurements_pass():
     (dict(c={**CONTIGUOUS, "kv_waste": 0.3}), "contiguous reservation waste"),
     (dict(p={**PAGED, "peak_running": 12}), "more sequences resident"),
     (dict(same=23), "greedy outputs identical"),
-    (dict(yours=False), "used your allocator"),
+    (dict(calls={**CALLS, "scheduler.preempt": 0}), "never called: scheduler.preempt"),  # no preemption ran
+    (dict(calls={}), "never called: block_manager.grow"),
     (dict(finished=False), "every request finished"),
 ])
 def test_each_claim_can_fail(kwargs, words):
