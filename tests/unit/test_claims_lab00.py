@@ -57,3 +57,63 @@ def test_a_missing_measurement_is_named():
     del r["ridge"]
     with pytest.raises(KeyError, match="ridge"):
         lab00.assert_claims(r, show=False)
+
+
+# --- timing claims on a busy machine: per-round ratios of interleaved measurements ------------------------------
+def _serving(ttft, thr, goodput) -> dict:
+    return dict(median_ttft_ms=ttft, output_throughput=thr, request_goodput=goodput)
+
+
+def loaded() -> dict:
+    """Rounds as a loaded 2-core laptop gives them (a busy process on each core): everything 2-4x slower than
+    `good()` and uneven from round to round, but each round's two sides slowed alike."""
+    return {**good(), "kv_speedup": 2.7, "kv_predicted": 3.4, "kv_rounds": [2.7, 3.1, 2.2],
+            "prefill_s_rounds": [4.1, 2.6, 5.0], "decode_s_rounds": {1: [0.61, 0.35, 0.70], 4: [0.9, 0.52, 1.2],
+                                                                   16: [1.9, 1.1, 2.6]},
+            "seq_rounds": [_serving(9100.0, 1.2, 0.04), _serving(6200.0, 1.7, 0.05), _serving(11800.0, 0.9, 0.03)],
+            "bat_rounds": [_serving(2300.0, 3.1, 0.41), _serving(1500.0, 4.6, 0.55), _serving(3900.0, 1.8, 0.21)]}
+
+
+def verdicts(r: dict) -> dict[str, bool | None]:
+    return {text.split(" (")[0].split(" [")[0]: ok for text, ok in lab00.claims(r)}
+
+
+def test_a_loaded_machine_still_passes_every_claim(capsys):
+    lab00.assert_claims(loaded())
+    out = capsys.readouterr().out
+    assert "FAIL" not in out and "NOT JUDGED" not in out and "median of 3 rounds" in out
+
+
+def test_goodput_zero_on_both_sides_is_not_judged_not_failed(capsys):
+    """The old failure: an SLO from an unloaded measurement, then 0.00 vs 0.00 req/s read as 'not higher'."""
+    r = loaded()
+    r["seq_rounds"] = [{**m, "request_goodput": 0.0} for m in r["seq_rounds"]]
+    r["bat_rounds"] = [{**m, "request_goodput": 0.0} for m in r["bat_rounds"]]
+    lab00.assert_claims(r)  # raises nothing
+    out = capsys.readouterr().out
+    assert "NOT JUDGED  the batch has higher goodput" in out and "no request met the SLO" in out and "rerun" in out
+
+
+def test_rounds_that_disagree_across_the_bar_are_not_judged(capsys):
+    r = {**loaded(), "kv_rounds": [3.3, 1.2, 2.9]}  # one round hit by a burst of load: 1.2x
+    lab00.assert_claims(r)
+    assert "NOT JUDGED  KV cache speeds up" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"kv_rounds": [1.1, 1.3, 1.2]}, "KV cache speeds up"),  # a cache that does not help, in every round
+    ({"decode_s_rounds": {1: [0.6, 0.35, 0.7], 4: [2.3, 1.3, 2.7], 16: [9.5, 5.4, 11.0]}}, "decode batch 16"),
+    ({"prefill_s_rounds": [60.0, 40.0, 70.0]}, "prefill is >= 3x"),
+    ({"bat_rounds": [_serving(9300.0, 1.1, 0.03), _serving(6400.0, 1.6, 0.04), _serving(12000.0, 0.85, 0.02)]},
+     "first tokens come sooner"),  # a "batch" that runs its rows one after another
+])
+def test_loaded_rounds_still_fail_a_wrong_measurement(change, message):
+    with pytest.raises(AssertionError, match=message):
+        lab00.assert_claims({**loaded(), **change}, show=False)
+
+
+def test_a_batch_that_loses_on_goodput_in_every_round_fails():
+    r = loaded()
+    r["bat_rounds"] = [{**m, "request_goodput": 0.0} for m in r["bat_rounds"]]
+    with pytest.raises(AssertionError, match="higher goodput"):
+        lab00.assert_claims(r, show=False)
