@@ -129,9 +129,12 @@ class DisaggregatedCluster:
     def __init__(self, model: str = "smollm2-135m", engine_config: EngineConfig | None = None, device: str = "cpu",
                  dtype: str | None = None, prefill_config: EngineConfig | None = None,
                  decode_config: EngineConfig | None = None, on_worker_failure: str = "requeue",
-                 threads_per_worker: int = 1, startup_timeout_s: float = 300.0, learner_parts=()) -> None:
+                 threads_per_worker: int = 1, startup_timeout_s: float = 300.0, learner_parts=(),
+                 audit_kv: bool = False) -> None:
         """`learner_parts`: names of the learner's KV hand-off parts (disagg.export_kv, import_kv,
-        resume_prefilled) the workers load from my_engine/ in place of the reference."""
+        resume_prefilled) the workers load from my_engine/ in place of the reference. `audit_kv`: both workers
+        fingerprint every handed-off request's KV blocks (`kv_handoff_check`); it costs a hash of the KV, so the
+        throughput runs leave it off."""
         if on_worker_failure not in FAILURE_POLICIES:
             raise ValueError(f"on_worker_failure={on_worker_failure!r} is invalid: must be one of {FAILURE_POLICIES}")
         if device not in ("auto", "cpu", "cuda"):
@@ -159,6 +162,7 @@ class DisaggregatedCluster:
         self._healthy = False
         self.learner_parts = tuple(learner_parts)
         self.learner_parts_ran: dict[str, list[str]] = {}  # worker -> the learner's parts it runs
+        self.audit_kv = audit_kv
 
     # -- lifecycle --------------------------------------------------------------------------------
     def __enter__(self) -> DisaggregatedCluster:
@@ -195,11 +199,11 @@ class DisaggregatedCluster:
             "prefill": ctx.Process(target=prefill_main, name="lab-prefill", daemon=True,
                                    args=(self.model, self.prefill_config, self.placement.prefill, self.dtype, eos,
                                          self._queues["prefill"], p_write, kv_write, self.threads,
-                                         self.learner_parts, learner_dir)),
+                                         self.learner_parts, learner_dir, self.audit_kv)),
             "decode": ctx.Process(target=decode_main, name="lab-decode", daemon=True,
                                   args=(self.model, self.decode_config, self.placement.decode, self.dtype, eos,
                                         self._queues["decode"], d_write, kv_read, self.threads,
-                                        self.learner_parts, learner_dir)),
+                                        self.learner_parts, learner_dir, self.audit_kv)),
         }
         for p in self._procs.values():
             p.start()
@@ -305,11 +309,11 @@ class DisaggregatedCluster:
                     raise RuntimeError(f"{msg[1]} worker failed:\n{msg[2]}")
                 if kind == "finished" or kind == "out":
                     out = msg[1]
-                    if kind == "out" and out.request_id in self._records:
-                        self._records[out.request_id].update(msg[2])
+                    if kind == "out" and msg[2]:  # the decode half (it may arrive before the "sent" note)
+                        self._records.setdefault(out.request_id, {}).update(msg[2])
                     self._finish(tracked, out, on_output)
                 elif kind == "sent":
-                    self._records[msg[1]] = dict(msg[2])
+                    self._records.setdefault(msg[1], {}).update(msg[2])
                     if msg[1] in tracked and tracked[msg[1]].state == "prefill":
                         tracked[msg[1]].state = "decode"
                 elif kind == "kv_failed":
@@ -351,6 +355,27 @@ class DisaggregatedCluster:
                 self._finish(tracked, out, on_output)
 
     # -- statistics -------------------------------------------------------------------------------
+    def kv_handoff_check(self) -> dict:
+        """With `audit_kv`: every handed-off request's KV blocks compared between the prefill worker's cache (at
+        export) and the decode worker's (right after the swap-in), block by block. Returns the numbers of
+        requests and blocks compared and the mismatches as (request id, block index, or 'never swapped in')."""
+        if not self.audit_kv:
+            raise ValueError("kv_handoff_check needs DisaggregatedCluster(..., audit_kv=True)")
+        requests = blocks = 0
+        mismatched: list[tuple[str, int | str]] = []
+        for rid, r in self._records.items():
+            if "prefill_kv_blocks" not in r:
+                continue
+            requests += 1
+            mine, theirs = r["prefill_kv_blocks"], r.get("decode_kv_blocks")
+            if theirs is None:
+                mismatched.append((rid, "never swapped in"))
+                continue
+            blocks += len(mine)
+            mismatched += [(rid, i) for i in range(max(len(mine), len(theirs)))
+                           if i >= len(mine) or i >= len(theirs) or mine[i] != theirs[i]]
+        return {"requests": requests, "blocks": blocks, "mismatched": mismatched}
+
     def transfer_stats(self) -> dict:
         """KV transfers so far: count, bytes, and seconds per transfer (means; see `TransferRecord`)."""
         recs = [r for r in self._records.values() if "bytes" in r]

@@ -95,6 +95,42 @@ def kv_cache_tensors(kv_cache) -> dict[str, torch.Tensor]:
     return {n: kv_cache._raw(getattr(kv_cache, n)) for n in names}
 
 
+def kv_block_digests(cache: dict[str, torch.Tensor], block_table: list[int], num_tokens: int,
+                     block_size: int) -> list[str]:
+    """A fingerprint of each of a request's KV blocks as the paged cache holds it: for block i, a hash of the bytes
+    of every cache tensor (k, v, int8 scales) at its tokens i * block_size ... in token order, read with the slot
+    formula of the reference (not a part under test). Equal lists on both sides of a hand-off mean the decode
+    worker's blocks hold exactly the prefill worker's KV, block by block; a block in the wrong place, a token in
+    the wrong slot or a block never written (stale) changes its entry. Greedy tokens alone cannot show this: once
+    RoPE is in K, attention does not depend on the order of the (K, V) pairs."""
+    import hashlib
+
+    slots = _slots(block_table, num_tokens, block_size, "cpu")
+    out = []
+    for start in range(0, num_tokens, block_size):
+        h = hashlib.blake2b(digest_size=8)
+        for name in sorted(cache):
+            t = cache[name]
+            h.update(t[:, slots[start:start + block_size].to(t.device)].contiguous().cpu().view(torch.uint8)
+                     .numpy().tobytes())
+        out.append(h.hexdigest())
+    return out
+
+
+def audit_swap_in(engine, audits: dict[str, list[str]]) -> None:
+    """Wrap the decode engine's swap-in so that, right after a request's received KV is written into its blocks,
+    the blocks' digests (`kv_block_digests`) are recorded in `audits` (the first swap-in of each request)."""
+    inner = engine.scheduler.swap_in
+
+    def swap_in(req: Request) -> None:
+        inner(req)
+        if req.request_id not in audits:
+            audits[req.request_id] = kv_block_digests(kv_cache_tensors(engine.kv_cache), list(req.block_table),
+                                                      req.num_prompt_tokens, engine.kv_cache.block_size)
+
+    engine.scheduler.swap_in = swap_in
+
+
 def load_disagg_parts(names=()) -> tuple[dict, list[str]]:
     """{part: function} for the three hand-off parts (the learner's saved version for those in `names`, loaded
     from my_engine/ in this worker process; errors name the part), and the names of the learner's."""
@@ -178,8 +214,9 @@ def _use_learner_dir(learner_dir: str | None) -> None:
 
 
 def prefill_main(model, config, device, dtype, extra_eos, requests, to_router, kv_conn, threads,
-                 learner_parts=(), learner_dir=None) -> None:
-    """Prefill worker: requests in from the router, KV out to the decode worker, notes back to the router."""
+                 learner_parts=(), learner_dir=None, audit_kv=False) -> None:
+    """Prefill worker: requests in from the router, KV out to the decode worker, notes back to the router
+    (with `audit_kv`, the digests of each request's blocks as its cache held them when it was exported)."""
     torch.set_num_threads(threads)
     try:
         engine = build_engine(model, config, device, dtype, extra_eos)
@@ -211,6 +248,9 @@ def prefill_main(model, config, device, dtype, extra_eos, requests, to_router, k
                         to_router.send(("finished", out))
                     continue
                 rec = TransferRecord(req.request_id, req.num_prompt_tokens)
+                audit = {"prefill_kv_blocks": kv_block_digests(kv_cache_tensors(engine.kv_cache), list(req.block_table),
+                                                               req.num_prompt_tokens, engine.kv_cache.block_size)
+                         } if audit_kv else {}
                 t0 = time.perf_counter()
                 kv = export_prompt_kv(engine, req, fns[EXPORT_PART])
                 rec.serialize_s = time.perf_counter() - t0
@@ -221,7 +261,7 @@ def prefill_main(model, config, device, dtype, extra_eos, requests, to_router, k
                 except (BrokenPipeError, ConnectionResetError, EOFError) as e:
                     to_router.send(("kv_failed", req.request_id, f"{type(e).__name__}: {e}"))
                     continue
-                to_router.send(("sent", req.request_id, rec.to_dict()))
+                to_router.send(("sent", req.request_id, rec.to_dict() | audit))
     except BaseException:
         try:
             to_router.send(("error", "prefill", traceback.format_exc()))
@@ -242,8 +282,9 @@ def _receive_kv(receiver: KVReceiver, inbox: queue_mod.Queue) -> None:
 
 
 def decode_main(model, config, device, dtype, extra_eos, control, to_router, kv_conn, threads,
-                learner_parts=(), learner_dir=None) -> None:
-    """Decode worker: KV in from the prefill worker, continuous batching of decodes, finished outputs out."""
+                learner_parts=(), learner_dir=None, audit_kv=False) -> None:
+    """Decode worker: KV in from the prefill worker, continuous batching of decodes, finished outputs out (with
+    `audit_kv`, the digests of each request's blocks right after its KV was swapped in)."""
     torch.set_num_threads(threads)
     try:
         engine = build_engine(model, config, device, dtype, extra_eos)
@@ -254,6 +295,9 @@ def decode_main(model, config, device, dtype, extra_eos, control, to_router, kv_
         fns, used = load_disagg_parts([n for n in learner_parts if n not in (EXPORT_PART, META_PART)])
         if IMPORT_PART in used:
             engine.scheduler.swap_in = functools.partial(swap_in_with, fns[IMPORT_PART], engine.kv_cache)
+        audits: dict[str, list[str]] = {}
+        if audit_kv:
+            audit_swap_in(engine, audits)
         to_router.send(("ready", "decode", used))
         while True:
             try:
@@ -279,7 +323,10 @@ def decode_main(model, config, device, dtype, extra_eos, control, to_router, kv_
                 continue
             for out in engine.step():
                 if out.finished:
-                    to_router.send(("out", out, records.pop(out.request_id, {})))
+                    rec = records.pop(out.request_id, {})
+                    if out.request_id in audits:
+                        rec["decode_kv_blocks"] = audits.pop(out.request_id)
+                    to_router.send(("out", out, rec))
                     engine.requests.pop(out.request_id, None)
     except BaseException:
         try:

@@ -86,10 +86,12 @@ def test_cluster_equals_colocated_and_requeues_after_a_killed_decode_worker(toy)
     ref = colocated_run(toy, CFG, PROMPTS, params, arrival_times=arrivals, dtype="float64")
     long = [SamplingParams(max_tokens=m, ignore_eos=True) for m in (2, 150, 150, 150)]
     ref_long = colocated_run(toy, CFG, PROMPTS, long, dtype="float64")
-    with DisaggregatedCluster(toy, CFG, dtype="float64", startup_timeout_s=240) as cluster:
+    with DisaggregatedCluster(toy, CFG, dtype="float64", startup_timeout_s=240, audit_kv=True) as cluster:
         workers = cluster.processes
         outs = cluster.generate(PROMPTS, params, arrival_times=arrivals, timeout_s=240)
         assert _ids(outs) == _ids(ref) and [o.text for o in outs] == [o.text for o in ref]
+        audit = cluster.kv_handoff_check()  # every handed-off block arrived where the prefill worker had it
+        assert audit == {"requests": 3, "blocks": 2 + 2 + 8, "mismatched": []}
         assert [len(o.metrics.token_times) for o in outs] == [8, 1, 8, 5]
         assert all(o.metrics.ttft > 0 and o.finish_reason == "length" for o in outs)
         stats = cluster.transfer_stats()
@@ -116,6 +118,52 @@ def test_cluster_equals_colocated_and_requeues_after_a_killed_decode_worker(toy)
         assert _ids(outs) == _ids(ref_long)  # re-queued requests were re-prefilled, nothing lost or changed
         assert not any(p.is_alive() for p in workers.values())  # the old workers are gone
     assert multiprocessing.active_children() == []
+
+
+# A learner's import_kv with one mistake per prompt length (prompts of 8, 3, 5 and 30 tokens, blocks of 4): the
+# 8-token prompt's two full blocks swapped, the 5-token prompt's tokens one slot off, the 30-token prompt's last block
+# never written (it keeps what the pool held: a stale block), the 3-token prompt right.
+WRONG_IMPORT = """
+import torch
+
+
+def import_kv(cache, block_table, kv, block_size):
+    n = kv["k"].shape[1]
+    table = list(block_table)
+    if n == 8:  # the prompt's two blocks (the table has a third, for the first decoded token)
+        table[:2] = table[1::-1]
+    slots = [table[t // block_size] * block_size + (t + (n == 5)) % block_size for t in range(n)]
+    if n == 30:
+        slots = slots[:(len(table) - 1) * block_size]
+    for name, t in kv.items():
+        cache[name][:, torch.tensor(slots)] = t[:, :len(slots)]
+"""
+
+
+@pytest.mark.timeout(400)
+def test_the_kv_audit_catches_a_wrong_block_order_a_wrong_slot_and_a_stale_block(toy, tmp_path, monkeypatch):
+    """Greedy tokens cannot show a hand-off that reorders whole blocks (with RoPE inside K, attention does not
+    depend on the order of the (K, V) pairs), so the two-process path compares the KV itself, block by block."""
+    from lab_utils import learner
+
+    folder = tmp_path / "my_engine"
+    folder.mkdir()
+    (folder / "disagg.py").write_text(WRONG_IMPORT)
+    monkeypatch.setenv("LAB_LEARNER_DIR", str(folder))
+    learner.forget()
+    params = SamplingParams(max_tokens=4, ignore_eos=True)
+    prompts = [list(range(5, 13))] + PROMPTS[1:]
+    ref = colocated_run(toy, CFG, prompts, params, dtype="float64")
+    with DisaggregatedCluster(toy, CFG, dtype="float64", startup_timeout_s=240, audit_kv=True,
+                              learner_parts=["disagg.import_kv"]) as cluster:
+        outs = cluster.generate(prompts, params, timeout_s=240)
+        audit = cluster.kv_handoff_check()
+    assert cluster.learner_parts_ran["decode"] == ["disagg.import_kv"]
+    assert outs[0].token_ids == ref[0].token_ids  # two full blocks swapped: the same tokens, the wrong KV
+    bad = {rid.split("-")[1]: [] for rid, _ in audit["mismatched"]}
+    for rid, block in audit["mismatched"]:
+        bad[rid.split("-")[1]].append(block)
+    assert bad == {"0": [0, 1], "2": [0, 1], "3": [7]}, audit
 
 
 @pytest.mark.timeout(400)
