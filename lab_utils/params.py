@@ -6,15 +6,16 @@ it) overrides them; a size that depends on `SMOKE` is `None` there. The next cel
     SMOKE = SMOKE or env_flag("LAB_SMOKE")            # CI and `make test` run every lab with LAB_SMOKE=1
     INTERACTIVE = INTERACTIVE and env_flag("LAB_INTERACTIVE", default=True)
     DTYPE = env_choice("LAB_DTYPE", DTYPE)
-    size = sizer(SMOKE)
-    NUM_PROMPTS = size(NUM_PROMPTS, smoke=64, full=128)   # a value passed as a parameter wins
+    sized = sizer(SMOKE)
+    NUM_PROMPTS = sized(NUM_PROMPTS, smoke=64, full=128)  # a value passed as a parameter wins
 
 so `papermill -p SMOKE True`, `LAB_SMOKE=1` and `SMOKE = True` typed in the cell all give the SMOKE sizes.
 """
 from __future__ import annotations
 
 import os
-from typing import Callable, TypeVar
+from collections.abc import Callable
+from typing import TypeVar
 
 T = TypeVar("T")
 _TRUE, _FALSE = {"1", "true", "yes", "on"}, {"0", "false", "no", "off"}
@@ -40,10 +41,10 @@ def env_choice(name: str, value: str, auto: str = "auto") -> str:
 
 
 def sizer(smoke_mode: bool) -> Callable[..., T]:
-    """`size(value, smoke=..., full=...)`: `value` when a parameter set it, else the SMOKE or the full default."""
-    def size(value: T | None, smoke: T, full: T) -> T:
+    """`sized(value, smoke=..., full=...)`: `value` when a parameter set it, else the SMOKE or the full default."""
+    def sized(value: T | None, smoke: T, full: T) -> T:
         if value is not None:
             return value
         return smoke if smoke_mode else full
 
-    return size
+    return sized

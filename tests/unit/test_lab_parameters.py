@@ -18,9 +18,9 @@ from lab_utils.params import env_choice, env_flag, sizer
 
 nbformat = pytest.importorskip("nbformat")
 papermill = pytest.importorskip("papermill")
-from papermill.iorw import load_notebook_node  # noqa: E402
-from papermill.parameterize import parameterize_notebook  # noqa: E402
-from papermill.translators import PythonTranslator  # noqa: E402
+from papermill.iorw import load_notebook_node
+from papermill.parameterize import parameterize_notebook
+from papermill.translators import PythonTranslator
 
 LABS = sorted(LABS_DIR.glob("[0-9][0-9]_*.ipynb"))
 ENV = ("LAB_SMOKE", "LAB_INTERACTIVE", "LAB_DTYPE")
@@ -54,7 +54,7 @@ def run_settings(nb, parameters: dict | None) -> dict:
     assert cells[-1].cell_type == "code", "the cell after the parameters derives the sizes; it must be code"
     ns: dict = {}
     for c in cells:
-        exec(compile(c.source, "<cell>", "exec"), ns)
+        exec(compile(c.source, "<cell>", "exec"), ns)  # noqa: S102 - the lab's own cells, as a kernel would run them
     return {k: v for k, v in ns.items() if not k.startswith("__") and not callable(v)
             and not isinstance(v, types.ModuleType)}
 
