@@ -11,7 +11,7 @@ import os
 import random
 from collections.abc import Callable
 
-from lab_utils.rag.session import MAX_ENTITIES, SessionState, update_state
+from lab_utils.rag.session import MAX_ENTITIES, SessionState, extract_entities, refers_back, update_state
 
 ENTITIES = ["Marie Curie", "Apollo 11", "Leonardo da Vinci", "Mount Everest", "Nelson Mandela", "Great Wall of China",
             "Isaac Newton", "Frida Kahlo", "Amazon River", "Alan Turing", "Taj Mahal", "Roger Federer", "Nikola Tesla",
@@ -60,7 +60,8 @@ def _diagnose(field: str, got, expected, prev: SessionState, new: SessionState) 
         if prev.entities and set(expected) > set(got):
             return "entities in focus were dropped on a follow-up: keep the earlier ones behind the new ones"
         if set(got) > set(expected):
-            return "old entities survived a topic change: a message with new entities and no back-reference starts afresh"
+            return ("old entities survived a topic change: a message that names an entity not in focus, with no "
+                    "back-reference, starts afresh")
     if field == "constraints":
         if set(got) < set(expected):
             return "constraints given earlier in the same topic were lost: a follow-up adds to them"
@@ -98,6 +99,11 @@ def check_update_state(fn: Callable[[SessionState, str], SessionState], seed: in
                 if g != e:
                     history = "\n".join(f"  {j}: {m!r}" for j, m in enumerate(msgs[: i + 1]))
                     hint = _diagnose(field, g, e, ref, expected)
+                    named = extract_entities(msg)
+                    if (i > 0 and named and not refers_back(msg) and all(x in ref.entities for x in named)
+                            and field in ("entities", "constraints", "goal")):  # the case "new" is about
+                        hint = (f"this message names only entities already in focus ({', '.join(named)}): that is a "
+                                f"follow-up, not a new topic (a new topic needs an entity not in focus)")
                     raise AssertionError(
                         f"after message {i} the field `{field}` differs.\nconversation so far:\n{history}\n"
                         f"state before it (reference): {ref.render()}\nexpected {field} = {e!r}\ngot      {field} = {g!r}"

@@ -6,8 +6,8 @@ self-contained -- the entities in focus, the constraints in force (dates, places
 goal -- and send those with only the last few raw messages (see `queries.py`).
 
 The rules are deliberately simple and inspectable: capitalised spans are entities, years/centuries and
-"in <Place>" are constraints, "not/except/other than X" is a negative constraint, and a message with new
-entities and no word pointing back ("he", "it", "what about", ...) starts a new topic. `llm_update` is the
+"in <Place>" are constraints, "not/except/other than X" is a negative constraint, and a message that names an
+entity not in focus and has no word pointing back ("he", "it", "what about", ...) starts a new topic. `llm_update` is the
 hook for a model-written update (e.g. SmolLM2 through the lab engine) that falls back to these rules.
 """
 from __future__ import annotations
@@ -123,14 +123,17 @@ def goal_of(message: str, max_words: int = 8) -> str:
 def update_state(state: SessionState, message: str) -> SessionState:
     """Fold one user message into the state (the rule-based reference the lab's exercise is checked against).
 
-    - New entities and no back-reference: a new topic -- entities, constraints and goal start afresh.
+    - A new topic when the message names an entity not already in focus and does not refer back: entities,
+      constraints and goal start afresh. Naming only entities in focus is a follow-up: after "Tell me about
+      Marie Curie.", "What did Marie Curie discover in Paris?" keeps the topic (and adds the place Paris).
     - Otherwise a follow-up: new entities go in front of the old ones (capped at MAX_ENTITIES), new
       constraints are appended to those in force, the goal stays.
     - An entity the user ruled out ("not X") leaves the focus.
     """
     entities = extract_entities(message)
     constraints = extract_constraints(message)
-    new_topic = state.turn == 0 or (bool(entities) and not refers_back(message))
+    new_entities = [e for e in entities if e not in state.entities]
+    new_topic = state.turn == 0 or (bool(new_entities) and not refers_back(message))
     if new_topic:
         merged_entities, merged_constraints, goal = entities, constraints, goal_of(message)
     else:

@@ -27,9 +27,37 @@ def _always_new_topic(state, message):
     return SessionState(tuple(extract_entities(message)), tuple(extract_constraints(message)), goal_of(message), state.turn + 1)
 
 
+def _any_entity_is_new(state, message):
+    """Reads "new entities" as "any entities": a message naming only the entity in focus restarts the topic."""
+    ents = extract_entities(message)
+    if state.turn > 0 and ents and not refers_back(message):
+        return SessionState(tuple(ents), tuple(extract_constraints(message)), goal_of(message), state.turn + 1)
+    return update_state(state, message)
+
+
+def test_an_entity_already_in_focus_is_not_new():
+    with pytest.raises(AssertionError, match="names only entities already in focus"):
+        lab11.check_update_state(_any_entity_is_new, seed=0)
+
+
+def test_the_labs_solution_follows_the_stated_rule(capsys):
+    """The lab's own update_state (its exercise cell) passes the check, which follows the reference."""
+    import nbformat
+
+    from lab_utils.paths import REPO_ROOT
+    from lab_utils.rag import session
+
+    nb = nbformat.read(next((REPO_ROOT / "labs").glob("11_*.ipynb")), as_version=4)
+    cell = next(c.source for c in nb.cells if c.cell_type == "code" and c.source.startswith("def update_state("))
+    namespace = dict(vars(session))
+    exec(compile(cell, "lab11_update_state", "exec"), namespace)
+    lab11.check_update_state(namespace["update_state"], seed=0)
+    assert "check_update_state passed" in capsys.readouterr().out
+
+
 def _no_cap(state, message):
     ents, cons = extract_entities(message), extract_constraints(message)
-    if state.turn == 0 or (ents and not refers_back(message)):
+    if state.turn == 0 or (set(ents) - set(state.entities) and not refers_back(message)):
         return SessionState(tuple(ents), tuple(cons), goal_of(message), state.turn + 1)
     merged = ents + [e for e in state.entities if e not in ents]
     out = list(state.constraints) + [c for c in cons if c not in state.constraints]
@@ -40,7 +68,7 @@ def _no_cap(state, message):
 def _ignores_negation(state, message):
     """Keeps an entity in focus after the user said "not X"."""
     ents, cons = extract_entities(message), extract_constraints(message)
-    if state.turn == 0 or (ents and not refers_back(message)):
+    if state.turn == 0 or (set(ents) - set(state.entities) and not refers_back(message)):
         return SessionState(tuple(ents[:3]), tuple(cons), goal_of(message), state.turn + 1)
     merged = ents + [e for e in state.entities if e not in ents]
     out = list(state.constraints) + [c for c in cons if c not in state.constraints]

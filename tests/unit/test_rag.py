@@ -154,6 +154,14 @@ def test_new_topic_resets_and_what_about_continues():
     assert s[2].entities == ("Nile", "Amazon River")  # "what about" continues it
 
 
+def test_naming_only_entities_in_focus_is_a_follow_up():
+    s = run_session(["Tell me about Marie Curie in 1898.", "What did Marie Curie discover in Paris?",
+                     "Tell me about Albert Einstein."])
+    assert s[1].entities == ("Marie Curie",) and s[1].goal == s[0].goal  # no entity new to the focus: same topic
+    assert s[1].constraints == (*s[0].constraints, "Paris")
+    assert s[2].entities == ("Albert Einstein",) and s[2].constraints == ()  # an entity not in focus: new topic
+
+
 def test_negation_rules_out_an_entity_and_caps_focus():
     s = run_session(["Which planets have rings, like Saturn?", "Which is the largest, not Saturn?"])
     assert "not Saturn" in s[1].constraints and "Saturn" not in s[1].entities and s[1].excluded() == ["Saturn"]
