@@ -81,7 +81,7 @@ def test_submit_makes_it_the_engines_part(tmp_path, monkeypatch):
 @pytest.mark.parametrize("bad, message", [
     (lambda self: _step(self, running_first=False), "running requests come first"),
     (lambda self: _step(self, budget_cap=False), "the budget \\(max_num_batched_tokens\\) is"),
-    (lambda self: _step(self, retire=False), "retire first"),
+    (lambda self: _step(self, retire=False), "retire finished requests"),
     (lambda self: _step(self, chunk=False), "chunked to fit"),
     (lambda self: _step(self, prefills_continue=False), "takes its next chunk"),
     (lambda self: _step(self, admit_after_preempt=True), "admit no new request"),

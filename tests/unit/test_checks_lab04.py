@@ -14,6 +14,8 @@ def hash_block(self, parent_hash, token_ids):
 
 
 def match_prefix(self, req, *, whole_prompt=False, guard=True):
+    if not self.enable_prefix_caching:
+        return []
     found, name, bs = [], None, self.block_size
     n = req.num_prompt_tokens if whole_prompt else req.num_prompt_tokens - 1
     for i in range(n // bs):
@@ -175,6 +177,6 @@ def test_check_commit_full_blocks_rejects_a_partial_block_and_accepts_the_refere
     from lab_utils.engine.block_manager import BlockManager
 
     monkeypatch.setenv("LAB_LEARNER_DIR", str(tmp_path))
-    with pytest.raises(AssertionError, match="only full blocks"):
+    with pytest.raises(AssertionError, match="only blocks whose tokens are all computed"):
         lab04.check_commit_full_blocks(_commits_partial)
     lab04.check_commit_full_blocks(BlockManager.commit_full_blocks)

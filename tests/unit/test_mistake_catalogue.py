@@ -1,0 +1,102 @@
+"""Every mistake of the catalogue fails the check of the lab that teaches its part, with a message that names the
+part, its file in the learner's engine folder and that lab, says what the learner must be told, and carries a
+"likely mistake" line only from the diagnoser whose evidence is in the failure."""
+from __future__ import annotations
+
+import pytest
+from mistake_catalogue import CATALOGUE, Mistake
+
+from lab_utils import learner
+from lab_utils.checks import lab01, lab02, lab03, lab04, parts_check
+from lab_utils.engine.parts import PARTS
+
+
+def ref(name: str):
+    return PARTS[name].reference()
+
+
+def run_check(m: Mistake) -> None:
+    """The lab's check cell, with the mistake in place of the learner's part (the other part of a two-part
+    check is the reference)."""
+    f = m.wrong
+    calls = {
+        "lab01.check_schedule_continuous": lambda: lab01.check_schedule_continuous(f),
+        "lab01.check_stop_reason": lambda: lab01.check_stop_reason(f),
+        "lab02.check_allocator": lambda: lab02.check_allocator(
+            f if m.part.endswith("grow") else ref("block_manager.grow"),
+            f if m.part.endswith("release") else ref("block_manager.release")),
+        "lab02.check_preemption": lambda: lab02.check_preemption(
+            f if m.part.endswith("make_room") else ref("scheduler.make_room"),
+            f if m.part.endswith("preempt") else ref("scheduler.preempt")),
+        "lab03.check_schedule_token_budget": lambda: lab03.check_schedule_token_budget(f),
+        "lab04.check_hash_block": lambda: lab04.check_hash_block(f),
+        "lab04.check_match_prefix": lambda: lab04.check_match_prefix(f),
+        "lab04.check_commit_full_blocks": lambda: lab04.check_commit_full_blocks(f),
+        "lab04.check_recycle": lambda: lab04.check_recycle(f),
+        "lab04.check_evict": lambda: lab04.check_evict(f),
+    }
+    calls[m.check]()
+
+
+def test_the_catalogue_covers_every_part_of_labs_01_to_04():
+    taught = {n for n, p in PARTS.items() if p.lab <= "04" and p.component != "attention"}
+    assert taught <= {m.part for m in CATALOGUE}
+    assert len({m.id for m in CATALOGUE}) == len(CATALOGUE)
+
+
+@pytest.fixture(scope="module")
+def failures(tmp_path_factory) -> dict[str, AssertionError | None]:
+    """Every catalogue entry run once through its check: {entry id: the failure, or None if it passed}."""
+    folder = tmp_path_factory.mktemp("learner") / "my_engine"
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("LAB_LEARNER_DIR", str(folder))
+        out = {}
+        for m in CATALOGUE:
+            learner.forget()
+            try:
+                run_check(m)
+                out[m.id] = None
+            except AssertionError as err:
+                out[m.id] = err
+        learner.forget()
+    return out
+
+
+@pytest.mark.parametrize("m", CATALOGUE, ids=[m.id for m in CATALOGUE])
+def test_each_mistake_fails_its_labs_check_naming_part_file_and_lab(m: Mistake, failures):
+    err = failures[m.id]
+    assert err is not None, f"{m.id} passed {m.check} (lab {m.lab})"
+    msg = str(err)
+    part = PARTS[m.part]
+    assert m.part in msg and f"lab {m.lab}" in msg and f"my_engine/{part.component}.py" in msg, msg
+    assert m.told in msg, msg
+    got = getattr(err, "diagnosis", None)
+    assert got == m.diagnosis, f"diagnosis {got!r}, expected {m.diagnosis!r}:\n{msg}"
+    if m.diagnosis is None:  # no diagnoser had evidence: no likely-mistake line of theirs
+        assert not any(d.text in msg for d in parts_check.DIAGNOSERS), msg
+    assert "the state before the call" not in msg and len(msg) < 2500, "a state difference, not a state dump"
+
+
+@pytest.mark.parametrize("d", parts_check.DIAGNOSERS, ids=[d.id for d in parts_check.DIAGNOSERS])
+def test_each_diagnoser_speaks_for_its_own_mistake_only(d, failures):
+    """A diagnoser's line appears in the failures of the catalogue entries it diagnoses and in no other."""
+    assert any(m.diagnosis == d.id for m in CATALOGUE), f"no catalogue mistake shows diagnoser {d.id}"
+    spoke = [m.id for m in CATALOGUE if m.diagnosis != d.id and failures[m.id] is not None
+             and d.text in str(failures[m.id])]
+    assert not spoke, f"{d.id} spoke for {spoke}"
+
+
+def test_a_failing_part_is_not_saved(tmp_path, monkeypatch):
+    monkeypatch.setenv("LAB_LEARNER_DIR", str(tmp_path / "my_engine"))
+    m = next(m for m in CATALOGUE if m.check == "lab02.check_preemption")
+    with pytest.raises(AssertionError):
+        run_check(m)
+    assert not (tmp_path / "my_engine" / "scheduler.py").exists()
+
+
+def test_the_reference_parts_pass_every_check(tmp_path, monkeypatch):
+    monkeypatch.setenv("LAB_LEARNER_DIR", str(tmp_path / "my_engine"))
+    for check in sorted({m.check for m in CATALOGUE}):
+        part = next(m.part for m in CATALOGUE if m.check == check)
+        run_check(Mistake(part, PARTS[part].lab, check, ref(part), "", None))
+    learner.forget()
