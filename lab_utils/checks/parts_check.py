@@ -854,9 +854,52 @@ def _check_slot_mapping(fn: Callable, trials: int, seed: int) -> int:
 
 
 # -- the real engine with the learner's parts -----------------------------------------------------------
+def _lab_check(name: str) -> Callable[[Callable], None]:
+    """How the lab that teaches part `name` checks it (its hand-built cases too), without saving it."""
+    from lab_utils.checks import lab03, lab04
+
+    special = {"scheduler.schedule_token_budget": lab03.check_schedule_token_budget,
+               "block_manager.hash_block": lab04.check_hash_block,
+               "block_manager.match_prefix": lab04.check_match_prefix,
+               "block_manager.commit_full_blocks": lab04.check_commit_full_blocks,
+               "block_manager.recycle": lab04.check_recycle, "block_manager.evict": lab04.check_evict}
+    if name in special:
+        return lambda fn: special[name](fn, submit=False)
+    return lambda fn: check_part(name, fn)
+
+
+def blame(parts: EngineParts) -> str:
+    """Which of the learner's parts is wrong on its own: each is checked as its lab checks it (in every setting),
+    in lab order; the first that fails is named with its first wrong value."""
+    import contextlib
+    import io
+
+    mine = sorted((n for n in parts.overrides if n in PARTS and PARTS[n].lab <= "04"), key=lambda n: (PARTS[n].lab, n))
+    for name in mine:
+        try:
+            with contextlib.redirect_stdout(io.StringIO()):
+                _lab_check(name)(parts.overrides[name])
+        except NotImplementedError:
+            continue
+        except AssertionError as err:
+            return f"\nthe cause: {err}"
+    if not mine:
+        return ""
+    return ("\neach of your parts (" + ", ".join(where(n) for n in mine) + ") agrees with the engine's on its own, "
+            "so the difference comes from how they work together")
+
+
 def check_in_engine(parts: EngineParts, lab: str, num_requests: int = 24, seed: int = 0) -> dict:
     """The engine as of `lab`, on a tiny random model: reference parts vs `parts`, same random workload.
-    Every request finishes, greedy tokens are equal, every block comes back. Returns what it measured."""
+    Every request finishes, greedy tokens are equal, every block comes back. Returns what it measured. When
+    not, the message names the part that is wrong on its own (`blame`)."""
+    try:
+        return _run_in_engine(parts, lab, num_requests, seed)
+    except AssertionError as err:
+        raise AssertionError(f"{err}{blame(parts)}") from None
+
+
+def _run_in_engine(parts: EngineParts, lab: str, num_requests: int, seed: int) -> dict:
     from lab_utils.engine.engine import LLMEngine
     from lab_utils.learner import engine_config
     from lab_utils.models.loader import build_random

@@ -100,3 +100,19 @@ def test_the_reference_parts_pass_every_check(tmp_path, monkeypatch):
         part = next(m.part for m in CATALOGUE if m.check == check)
         run_check(Mistake(part, PARTS[part].lab, check, ref(part), "", None))
     learner.forget()
+
+
+def test_a_wrong_part_that_stops_a_later_labs_engine_is_named_with_its_lab_and_file(tmp_path, monkeypatch):
+    """The tester's case: lab 03's step ignoring start()'s return stops lab 04's engine (prefix caching on); the
+    message names that step, lab 03 and my_engine/scheduler.py, and its first wrong value, not the block manager."""
+    from lab_utils.engine.parts import EngineParts
+    from mistake_catalogue import budget_ignores_start
+
+    monkeypatch.setenv("LAB_LEARNER_DIR", str(tmp_path / "my_engine"))
+    parts = EngineParts({"scheduler.schedule_token_budget": budget_ignores_start,
+                         "block_manager.grow": ref("block_manager.grow")})
+    with pytest.raises(AssertionError) as err:
+        parts_check.check_in_engine(parts, "04", num_requests=12)
+    msg = str(err.value)
+    assert "the cause: scheduler.schedule_token_budget (lab 03, my_engine/scheduler.py)" in msg, msg
+    assert "n = self.start(req, n)" in msg and "block_manager.grow (lab" not in msg.split("the cause:")[1], msg
