@@ -168,10 +168,20 @@ def test_resume_checker_rejects_mistakes(bad, msg, learner_dir):
         lab10.check_resume_prefilled(bad)
 
 
+def _import_swapped_blocks(cache, bt, kv, bs):
+    """The first two full blocks of the prompt swapped: attention sees the same (K, V) pairs, so the greedy
+    tokens stay those of one engine; only the blocks themselves show it."""
+    bt = list(bt)
+    if kv["k"].shape[1] >= 2 * bs:
+        bt[0], bt[1] = bt[1], bt[0]
+    import_kv(cache, bt, kv, bs)
+
+
 @pytest.mark.parametrize("kw, msg", [
-    (dict(export_fn=_contiguous), "differ from one engine's"),        # another request's KV decoded
+    (dict(export_fn=_contiguous), "hold other KV than the prefill engine's"),  # another request's KV decoded
     (dict(export_fn=_no_scales), "every cache tensor"),              # the workers name the part
-    (dict(import_fn=_import_contiguous), "differ from one engine's"),
+    (dict(import_fn=_import_contiguous), "hold other KV than the prefill engine's"),
+    (dict(import_fn=_import_swapped_blocks), r"block\(s\) \[0, 1\] hold other KV"),  # same tokens, wrong blocks
     (dict(resume_fn=_first_token_computed), "your disagg.resume_prefilled left"),  # the engine names the part
 ])
 def test_handoff_in_engine_rejects_mistakes(kw, msg):

@@ -11,7 +11,8 @@ from lab_utils.checks import lab10
 def good() -> dict:
     gp = {"colocated (no chunking)": 8.0, "colocated (chunked prefill)": 12.0, "1P:1D": 6.0, "2P:1D": 10.0,
           "3P:1D": 12.0}
-    return dict(same_tokens=True, n_prompts=6,
+    return dict(same_tokens=True, n_prompts=6, kv_audit={"requests": 6, "blocks": 18, "mismatched": []},
+                top_rate={name: 24.0 for name in gp},
                 handoff_ran={"prefill": ["disagg.export_kv", "disagg.request_meta"], "decode": ["disagg.import_kv", "disagg.resume_prefilled"]},
                 kv_ratio=1.002, kv_bytes_per_token=46080, cal_err_ttft=0.058,
                 cal_err_tpot=0.048, cal_bound=0.35, goodput=gp, best_pd="3P:1D", thr_pd_best=5635.0, thr_colo=6746.0)
@@ -33,7 +34,11 @@ def with_(key, value, sub=None):
 
 
 @pytest.mark.parametrize("key, sub, value, message", [
-    ("same_tokens", None, False, "same tokens as one engine"),     # a decode worker that loses the KV
+    ("same_tokens", None, False, "hands over the KV intact"),      # a decode worker that loses the KV
+    ("kv_audit", "mismatched", [("b1-0", 1)], "hands over the KV intact"),  # blocks swapped: same tokens, wrong KV
+    ("kv_audit", "requests", 0, "hands over the KV intact"),               # nothing was audited
+    ("top_rate", "colocated (chunked prefill)", 12.0, "against chunked prefill"),  # the grid's ceiling, not a figure
+    ("top_rate", "3P:1D", 12.0, "DistServe's shape"),
     ("handoff_ran", "decode", ["disagg.import_kv"], "your export_kv"),  # the decode worker ran the reference
     ("handoff_ran", "prefill", [], "your export_kv"),
     ("handoff_ran", "prefill", ["disagg.export_kv"], "your export_kv"),   # the header built by the reference
