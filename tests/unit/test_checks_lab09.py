@@ -136,3 +136,42 @@ def test_tp_run_check_names_the_first_wrong_token_and_a_rank_on_the_reference():
         lab09.check_tp_run(SimpleNamespace(**{**vars(good), "token_ids": [[1, 2, 3], [4, 5, 9]]}), single, parts)
     with pytest.raises(AssertionError, match="rank 1 .* did not run your"):
         lab09.check_tp_run(SimpleNamespace(**{**vars(good), "learner_parts": [parts, []]}), single, parts)
+
+
+def _twin_token_model():
+    """tiny-random (float32) with token 7's output row a copy of the greedy first token's: an exact tie there."""
+    import torch
+
+    from lab_utils.models.loader import build_random
+    from lab_utils.models.registry import REGISTRY
+
+    model = build_random(REGISTRY["tiny-random"].config, seed=0).eval()
+    prompt = [5, 17, 99, 40]
+    with torch.no_grad():
+        logits = model(torch.tensor([prompt]))[0, -1]
+        y = int(logits.argmax())
+        model.lm_head.weight[7] = model.lm_head.weight[y]
+    return model, prompt, y, int(logits.argmin())
+
+
+def test_tp_run_check_accepts_a_difference_only_at_a_near_tie_of_the_unsharded_model(capsys):
+    """The sharded sums run in another order: a flip at a near-tie passes (and is said), a flip at a clear margin
+    fails, and without a model to judge it any difference fails."""
+    from types import SimpleNamespace
+
+    parts = ["tensor_parallel.shard_weights", "tensor_parallel.row_parallel"]
+    model, prompt, y, worst = _twin_token_model()
+    single = SimpleNamespace(token_ids=[[1, 2, 3], [y, 4, 5]], world_size=1, learner_parts=[[]])
+    tied = SimpleNamespace(token_ids=[[1, 2, 3], [7, 8, 9]], world_size=2, learner_parts=[parts, parts])
+    ties = lab09.check_tp_run(tied, single, parts, model=model, prompts=[[1], prompt])
+    assert [(i, k) for i, k, _, _ in ties] == [(1, 0)] and ties[0][2] <= ties[0][3]
+    out = capsys.readouterr().out
+    assert "equal one process's on 1/2 prompts" in out and "prompt 1 token 0: gap 0 <=" in out
+    clear = SimpleNamespace(**{**vars(tied), "token_ids": [[1, 2, 3], [worst, 8, 9]]})  # negative control
+    with pytest.raises(AssertionError, match="prompt 1: .* token 0 .*near-tie tolerance"):
+        lab09.check_tp_run(clear, single, parts, model=model, prompts=[[1], prompt])
+    with pytest.raises(AssertionError, match="pass model= and prompts="):
+        lab09.check_tp_run(tied, single, parts)
+    with pytest.raises(AssertionError, match="another length"):
+        lab09.check_tp_run(SimpleNamespace(**{**vars(tied), "token_ids": [[1, 2, 3], [y, 4]]}), single, parts,
+                           model=model, prompts=[[1], prompt])
