@@ -28,7 +28,7 @@ VLLM_STAMP := $(VENV)/.vllm_installed
 BF16_LABS := labs/00_foundations.ipynb labs/01_continuous_batching.ipynb labs/07_speculative_decoding.ipynb labs/08_vllm_tuning.ipynb
 PYTEST_NB := --nbval-lax --nbval-current-env --nbval-cell-timeout=900 --nbval-kernel-startup-timeout=120 --nbval-sanitize-with tests/notebooks/sanitize.cfg
 
-.PHONY: help setup prepare lab test test-fast test-notebooks student clean vllm
+.PHONY: help setup prepare lab test test-fast test-avx2 test-notebooks student clean vllm
 help:
 	@echo "make lab        set everything up and open JupyterLab on your learner copies (student/)"
 	@echo "make test       set everything up and run every test (unit + notebooks in SMOKE mode)"
@@ -86,6 +86,18 @@ test: setup
 	# bf16 rehearsal: the labs whose claims depend on the model's dtype, with the model in bfloat16 as on a GPU
 	# (the lab engine's side only: vLLM's half ran above)
 	LAB_VLLM=0 LAB_DTYPE=bfloat16 LAB_SMOKE=1 LAB_INTERACTIVE=0 $(PY) -m pytest $(BF16_LABS) $(PYTEST_NB)
+	$(MAKE) --no-print-directory test-avx2
+
+# On an AVX-512 CPU the suite above ran PyTorch's and the kernels' AVX-512 code; most laptops run the AVX2 code:
+# the numeric tests again with both forced to AVX2 (ATEN_CPU_CAPABILITY; the kernels build an avx2 variant).
+NUMERIC_TESTS := tests/unit/test_small_m_linear.py tests/unit/test_cpu_attention.py tests/unit/test_cpu_linear.py \
+	tests/unit/test_engine_quant.py tests/unit/test_paged_attention.py tests/unit/test_quant_linear.py \
+	tests/unit/test_quant_formats.py tests/unit/test_teacher_forced.py
+test-avx2: $(STAMP)
+	@if grep -qw avx512f /proc/cpuinfo 2>/dev/null; then \
+	  ATEN_CPU_CAPABILITY=avx2 $(PY) -c "import torch, sys; c = torch.backends.cpu.get_cpu_capability(); print('forced CPU capability:', c); sys.exit(c != 'AVX2')" && \
+	  ATEN_CPU_CAPABILITY=avx2 $(PY) -m pytest -q $(NUMERIC_TESTS); \
+	else echo "test-avx2: this CPU has no AVX-512, so the AVX2 paths already ran above; skipped"; fi
 
 test-notebooks: setup
 	LAB_SMOKE=1 LAB_INTERACTIVE=0 $(PY) -m pytest -m notebooks tests labs $(PYTEST_NB)

@@ -12,6 +12,7 @@ from lab_utils.engine.attention import (
 )
 from lab_utils.engine.accel.cpu_attention import MAX_KERNEL_QUERIES, CpuDecodeAttention
 from lab_utils.engine.accel.cpu_kernels import cpu_kernels, cpu_kernels_status
+from lab_utils.checks.teacher_forced import assert_same_up_to_rounding
 from lab_utils.engine.kv_cache import KVCache
 
 # No compiler here means the engine runs the PyTorch path (tested everywhere else); these tests then have
@@ -115,14 +116,15 @@ def test_mixed_step_equals_paged_attention(chunk):
 
 
 @needs_kernel
-def test_engine_tokens_equal_with_and_without_the_kernel(monkeypatch, tiny_cpu_engine_run):
-    eng, with_kernel = tiny_cpu_engine_run()
+def test_engine_scores_tokens_alike_with_and_without_the_kernel(monkeypatch, tiny_cpu_engine_run):
+    """Teacher-forced (the kernel sums in another order than PyTorch's SDPA): same logits to float round-off."""
+    eng, tokens, with_kernel = tiny_cpu_engine_run(score="own")
     assert eng.runner.cpu_decode_kernel
     monkeypatch.setenv("LAB_CPU_KERNELS", "0")
-    eng, without = tiny_cpu_engine_run()
+    eng, _, without = tiny_cpu_engine_run(score=tokens)
     assert not eng.runner.cpu_decode_kernel
     assert "LAB_CPU_KERNELS=0" in cpu_kernels_status()
-    assert with_kernel == without
+    assert_same_up_to_rounding(without, with_kernel, "the paged decode kernel")
 
 
 def test_kernel_only_for_float32_caches_on_cpu():

@@ -65,23 +65,28 @@ def test_fast_linears_is_cpu_float32_only(monkeypatch):
 
 
 @needs_onednn
-def test_engine_greedy_outputs_equal_with_and_without_packing(monkeypatch):
+def test_engine_scores_tokens_alike_with_and_without_packing(monkeypatch):
+    """Teacher-forced (oneDNN's packed GEMM and F.linear sum in other orders): the plain engine scores the
+    packed engine's greedy tokens with the same logits to float round-off."""
+    from lab_utils.checks.teacher_forced import assert_same_up_to_rounding, engine_logits_batch
+
     model, tok = load_model("tiny-random", device="cpu", dtype=torch.float32)
     prompts = [[5 + i, 17, 99, 3 * i + 1][: 2 + i % 3] for i in range(6)]
     params = SamplingParams(max_tokens=12, ignore_eos=True)
 
-    def run():
+    def run(tokens=None):
         eng = LLMEngine((model, tok), EngineConfig(max_num_seqs=4, num_gpu_blocks=64), device="cpu")
-        out = [o.token_ids for o in eng.generate(prompts, params)]
+        tokens = tokens or [o.token_ids for o in eng.generate(prompts, params)]
+        logits = engine_logits_batch(eng, prompts, tokens)
         eng.block_manager.check_all_free()
-        return eng, out
+        return eng, tokens, logits
 
-    eng, packed = run()
+    eng, tokens, packed = run()
     assert any(type(m) is PackedLinear for m in eng.runner.model.modules())
     monkeypatch.setenv("LAB_CPU_PACKED_LINEAR", "0")
-    eng, plain = run()
+    eng, _, plain = run(tokens)
     assert eng.runner.model is model
-    assert packed == plain
+    assert_same_up_to_rounding(plain, packed, "oneDNN's packed linears")
 
 
 @needs_onednn

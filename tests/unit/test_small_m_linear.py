@@ -12,6 +12,7 @@ from lab_utils.engine.accel.cpu_fused import FusedPackedLinear
 from lab_utils.engine.accel.cpu_kernels import cpu_kernels, cpu_kernels_status
 from lab_utils.engine.accel.cpu_linear import SMALL_M_MAX_ROWS, PackedLinear, small_m_rows
 from lab_utils.engine.accel.cpu_view import fast_linears
+from lab_utils.checks.teacher_forced import assert_same_up_to_rounding
 
 needs_kernel = pytest.mark.skipif(cpu_kernels() is None, reason=f"needs the compiled kernel: {cpu_kernels_status()}")
 
@@ -112,12 +113,13 @@ def test_view_is_rebuilt_when_the_small_m_switch_changes(monkeypatch):
 
 
 @needs_kernel
-def test_engine_tokens_equal_with_and_without_small_m(monkeypatch, tiny_cpu_engine_run):
-    _, with_kernel = tiny_cpu_engine_run()
+def test_engine_scores_tokens_alike_with_and_without_small_m(monkeypatch, tiny_cpu_engine_run):
+    """Teacher-forced (the small-M kernel and oneDNN sum in other orders): same logits to float round-off."""
+    _, tokens, with_kernel = tiny_cpu_engine_run(score="own")
     monkeypatch.setenv("LAB_CPU_SMALL_M_LINEAR", "0")
-    eng, without = tiny_cpu_engine_run()
+    eng, _, without = tiny_cpu_engine_run(score=tokens)
     assert all(m.small_m_rows == 0 for m in eng.runner.model.modules() if hasattr(m, "small_m_rows"))
-    assert with_kernel == without
+    assert_same_up_to_rounding(without, with_kernel, "the small-M kernel")
 
 
 # ----------------------------------------------------------------------------------------- weight-only INT8
@@ -214,6 +216,38 @@ def test_w8a8_kernel_equals_w8a8_linear(rows):
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-4)
     got = cpu_kernels().small_m_linear_w8a8(x, [q.qweight for q in qs], scale)
     torch.testing.assert_close(got, want - bias, rtol=1e-5, atol=1e-4)
+
+
+@needs_kernel
+@pytest.mark.parametrize("rows", [1, 2, 5])
+def test_w8a8_kernel_rounds_activations_bit_for_bit_as_the_reference(rows):
+    """Through an identity weight (scale 1) the kernel returns its own rounding of x, q * s per group, with no
+    sum to reorder: it must equal `quantize_groups_int8`'s bit for bit, on every CPU build (AVX2 and AVX-512
+    builds vectorise the rounding loop differently). Halfway values (x.5 steps) test round-half-to-even."""
+    from lab_utils.quant.linear import quantize_groups_int8
+
+    g = torch.Generator().manual_seed(rows)
+    x = torch.randn(rows, 128, generator=g) * torch.tensor([30.0, 1e-3, 1.0, 7.0]).repeat_interleave(32)
+    x[-1, 96:] = torch.tensor([127.0] + [i + 0.5 for i in range(-15, 16)])  # s = 1: x.5 rounds half to even
+    eye = torch.eye(128, dtype=torch.int8)
+    got = cpu_kernels().small_m_linear_w8a8(x, [eye], torch.ones(128))
+    q, s = quantize_groups_int8(x)
+    want = (q.float().reshape(rows, -1, 32) * s.unsqueeze(-1)).reshape(rows, 128)
+    assert torch.equal(got, want), f"kernel and reference round x differently at {(got != want).nonzero()[:5].tolist()}"
+
+
+@needs_kernel
+def test_w8a8_kernel_integer_sums_are_exact():
+    """With every group's scale exactly 1 (integer x, |max| = 127 per group) the kernel's output is its integer
+    dot products summed in float, exact below 2^24: it must equal the int64 matmul."""
+    g = torch.Generator().manual_seed(0)
+    rows, k, n = 5, 256, 40
+    x = torch.randint(-127, 128, (rows, k), generator=g).float()
+    x.view(rows, -1, 32)[..., 0] = 127.0
+    w = torch.randint(-127, 128, (n, k), generator=g, dtype=torch.int8)
+    got = cpu_kernels().small_m_linear_w8a8(x, [w], torch.ones(n))
+    want = (x.long() @ w.long().T).float()
+    assert torch.equal(got, want)
 
 
 @needs_kernel
