@@ -43,6 +43,18 @@ class SchedulerOutput:
         return sum(n for _, n in self.scheduled)
 
 
+def _whose(policy: Callable) -> str:
+    """A policy's name in messages: a learner's step is named with its lab and the file it is saved in."""
+    name = getattr(policy, "__learner_part__", None)
+    if name is None:
+        return policy.__name__
+    from lab_utils.engine.parts import PARTS
+    from lab_utils.learner import learner_dir
+
+    part = PARTS[name]
+    return f"your {name} (lab {part.lab}, {learner_dir().name}/{part.component}.py)"
+
+
 class Scheduler:
     def __init__(self, config: EngineConfig, block_manager: BlockManager,
                  swap_out: Callable[[Request], None] | None = None,
@@ -72,11 +84,12 @@ class Scheduler:
         policy = {"static": self.schedule_static, "continuous": self.schedule_continuous,
                   "token_budget": self.schedule_token_budget}[self.config.scheduler]
         out = policy()
+        who = _whose(policy)
         stale = [r.request_id for r in self.running if r.status.done]
         if stale:
-            raise LearnerPartError(f"{policy.__name__}: requests {stale} had ended but are still in self.running: "
+            raise LearnerPartError(f"{who}: requests {stale} had ended but are still in self.running: "
                                    f"retire finished requests (status.done) at the start of the step")
-        self._check(out, policy.__name__)
+        self._check(out, who)
         return out
 
     def schedule_continuous(self) -> SchedulerOutput:
