@@ -342,13 +342,17 @@ class QATResult:
 
 def qat(model: nn.Module, cfg: QuantConfig, train: torch.Tensor, steps: int = 20, lr: float = 1e-5,
         batch_size: int = 2, teacher: nn.Module | None = None, loss: str = "kd", temperature: float = 1.0,
-        skip: tuple[str, ...] = ("lm_head",), seed: int = 0, progress: bool = False) -> QATResult:
+        skip: tuple[str, ...] = ("lm_head",), seed: int = 0, progress: bool = False,
+        train_layers: int | None = None) -> QATResult:
     """Quantization-aware fine-tuning of a copy of `model`; returns it with weights baked to their quantized
     values (plain nn.Linear, so `quantize_model` can store them as integers) and the loss of every step.
 
     loss "kd": KL(teacher ‖ student) on next-token distributions, teacher = `teacher` or the float `model`.
     loss "ce": next-token cross-entropy on `train`. Only the quantized linears' weights train; embeddings and
     norms stay frozen (embeddings are tied to the lm_head, which stays in float).
+    train_layers: only the linears of the last `train_layers` decoder layers train; the others are quantized as
+    PTQ does, once, and stay frozen (every linear is quantized either way, so QAT and PTQ remain comparable). A
+    short run then costs a fraction of a step: no re-quantization, optimizer state or gradient for the rest.
     """
     cfg.validate()
     if cfg.activation:
@@ -360,6 +364,18 @@ def qat(model: nn.Module, cfg: QuantConfig, train: torch.Tensor, steps: int = 20
     for p in student.parameters():
         p.requires_grad_(False)
     targets = linear_targets(student, skip)
+    if train_layers is not None:
+        layers = len(student.model.layers)
+        if not 1 <= train_layers <= layers:
+            raise ValueError(f"train_layers={train_layers}: must be between 1 and the model's {layers} layers")
+        first = layers - train_layers
+        trained = [(n, m) for n, m in targets
+                   if (hit := re.search(r"layers\.(\d+)\.", n)) and int(hit.group(1)) >= first]
+        with torch.no_grad():
+            for name, lin in targets:
+                if (name, lin) not in trained:  # quantized once, as PTQ does, and frozen
+                    _set_module(student, name, FakeQuantLinear(lin, cfg).to_linear())
+        targets = trained
     for name, lin in targets:
         lin.weight.requires_grad_(True)
         _set_module(student, name, FakeQuantLinear(lin, cfg))

@@ -129,6 +129,22 @@ def test_qat_loss_falls_and_beats_ptq_on_training_batches(tiny):
     assert not any(p.requires_grad for p in res.model.parameters())
 
 
+def test_qat_of_the_last_layers_leaves_the_others_as_ptq_quantizes_them(tiny):
+    """SMOKE's short QAT trains the last layers only; the rest must equal PTQ's, so the comparison stays fair."""
+    model = tiny[0]
+    last = len(model.model.layers) - 1
+    train = torch.randint(0, 3000, (4, 16), generator=torch.Generator().manual_seed(1))
+    cfg = QuantConfig("int4", "group", 16)
+    res = qat(model, cfg, train, steps=3, lr=1e-2, batch_size=2, seed=0, train_layers=1)
+    rtn = ptq(model, cfg)
+    for name, lin in rtn.named_modules():
+        if isinstance(lin, nn.Linear) and "lm_head" not in name:
+            same = torch.equal(lin.weight, res.model.get_submodule(name).weight)
+            assert same == (f"layers.{last}." not in name), name  # trained: moved; frozen: PTQ's exactly
+    with pytest.raises(ValueError, match="train_layers"):
+        qat(model, cfg, train, steps=1, train_layers=0)
+
+
 def test_fake_quant_linear_passes_gradients_straight_through():
     lin = nn.Linear(8, 4, bias=False)
     fq = FakeQuantLinear(lin, QuantConfig("int2", "channel"))
