@@ -114,7 +114,7 @@ def pass_cost_ratio(model, rows: int, device, prefix: int = 200, repeat: int = 7
     """v: the time of one forward pass over `rows` new tokens over that of a pass over one, both on top of a cached
     `prefix`, through the model the engine runs (`fast_linears`: its packed CPU kernels; the model itself on a
     GPU). The two passes alternate and each figure is a median of `repeat`, so a slow spell of a shared machine
-    hits both alike (one cold round first)."""
+    hits both alike (one cold round first). The prefix is computed once: each pass rewinds the cache to it."""
     from lab_utils.device import synchronize
     from lab_utils.engine.accel import fast_linears
     from lab_utils.models.kv_cache_simple import SimpleKVCache
@@ -123,10 +123,11 @@ def pass_cost_ratio(model, rows: int, device, prefix: int = 200, repeat: int = 7
     g = torch.Generator().manual_seed(seed)
     ids = torch.randint(100, 40000, (1, prefix), generator=g).to(device)
     times: dict[int, list[float]] = {1: [], rows: []}
+    cache = SimpleKVCache.for_model(model, 1, prefix + rows)
+    cache.forward(run, ids)
     for i in range(repeat + 1):
         for n in ((1, rows) if i % 2 else (rows, 1)):
-            cache = SimpleKVCache.for_model(model, 1, prefix + rows)
-            cache.forward(run, ids)
+            cache.length = prefix  # rewind: this pass overwrites the last one's rows
             x = torch.randint(100, 40000, (1, n), generator=g).to(device)
             synchronize(device)
             t0 = time.perf_counter()
