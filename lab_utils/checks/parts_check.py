@@ -31,13 +31,12 @@ from lab_utils.engine.sampling_params import SamplingParams
 from lab_utils.engine.scheduler import Scheduler, SchedulerOutput
 
 
-class PartCheckFailure(AssertionError):
-    """A learner's part differs from the reference. `part` names it; `diagnosis` is the id of the diagnoser that
-    explained the difference (None when none had evidence)."""
-
-    def __init__(self, message: str, part: str, diagnosis: str | None = None) -> None:
-        super().__init__(message)
-        self.part, self.diagnosis = part, diagnosis
+def failure(message: str, part: str, diagnosis: str | None = None) -> AssertionError:
+    """The AssertionError a check raises (a notebook shows it as one): `part` names the part; `diagnosis` is the
+    id of the diagnoser that explained the difference (None when none had evidence)."""
+    err = AssertionError(message)
+    err.part, err.diagnosis = part, diagnosis
+    return err
 
 
 def where(name: str) -> str:
@@ -168,8 +167,8 @@ def snapshot(sched: Scheduler) -> dict:
 
 
 def first_difference(ref: dict, you: dict) -> tuple[str, object, object] | None:
-    """(what, yours, expected) for the first entry of two snapshots that differs, one level deep: a request's
-    block table, one block's reference count, the blocks one list has and the other lacks."""
+    """(what, yours, expected), as text, for the first entry of two snapshots that differs, one level deep: a
+    request's block table, one block's reference count, the blocks one list has and the other lacks."""
     for key in ref:
         r, y = ref[key], you.get(key)
         if r == y:
@@ -177,14 +176,14 @@ def first_difference(ref: dict, you: dict) -> tuple[str, object, object] | None:
         if isinstance(r, dict) and isinstance(y, dict):
             for k in [*r, *[k for k in y if k not in r]]:
                 if r.get(k, "(none)") != y.get(k, "(none)"):
-                    return f"{key}[{k!r}]", y.get(k, "(none)"), r.get(k, "(none)")
+                    return f"{key}[{k!r}]", repr(y.get(k, "(none)")), repr(r.get(k, "(none)"))
         if key == "ref_counts" and len(r) == len(y):
             i = next(i for i in range(len(r)) if r[i] != y[i])
-            return f"the ref_count of block {i}", y[i], r[i]
+            return f"the ref_count of block {i}", repr(y[i]), repr(r[i])
         if isinstance(r, list) and isinstance(y, list) and set(r) != set(y):
             extra, lack = sorted(set(y) - set(r)), sorted(set(r) - set(y))
-            return key, (f"{y} (has {extra} too)" if extra else y), (f"{r} (with {lack})" if lack else r)
-        return key, y, r
+            return key, f"{y}" + (f" (with {extra} too)" if extra else ""), f"{r}" + (f" (with {lack})" if lack else "")
+        return key, repr(y), repr(r)
     return None
 
 
@@ -721,7 +720,7 @@ def _extras(c: Call) -> dict:
 
 def compare_call(name: str, fn: Callable, state: Scheduler, call: Callable[[Callable, Scheduler], Call],
                  what: str) -> bool:
-    """Run `call(reference, s)` and `call(fn, s)` on copies of `state`. Raises PartCheckFailure naming the part,
+    """Run `call(reference, s)` and `call(fn, s)` on copies of `state`. Raises an AssertionError (`failure`) naming the part,
     `what` (the case), the first difference and, where a diagnoser has evidence, the likely mistake. Returns
     False when the case did not apply (nothing to call it on)."""
     part = PARTS[name]
@@ -749,8 +748,8 @@ def compare_call(name: str, fn: Callable, state: Scheduler, call: Callable[[Call
     except LearnerPartError as err:
         error = str(err)
     except Exception as err:
-        raise PartCheckFailure(f"{where(name)}, {what}: your function raised {type(err).__name__}: {err}\n"
-                               f"  called: {ref_call.args}", name) from err
+        raise failure(f"{where(name)}, {what}: your function raised {type(err).__name__}: {err}\n"
+                      f"  called: {ref_call.args}", name) from err
     if error is None:
         ref_s, you_s = {**snapshot(a), **_extras(ref_call)}, {**snapshot(b), **_extras(you_call)}
         ref_out, you_out = _out(ref_call.result), _out(you_call.result)
@@ -760,14 +759,14 @@ def compare_call(name: str, fn: Callable, state: Scheduler, call: Callable[[Call
             wrong = f"it returned {you_out!r}; expected {ref_out!r}"
         else:
             key, y, r = first_difference(ref_s, you_s)
-            wrong = f"afterwards {key} is {y!r}; expected {r!r}"
+            wrong = f"afterwards {key} is {y}; expected {r}"
     else:
         ref_s, you_s = snapshot(a), snapshot(b)
         wrong = error
     ev = Evidence(name, before, ref_s, you_s, ref_call, you_call, a, b, error)
     d = diagnose(ev)
-    raise PartCheckFailure(f"{where(name)}, {what}: {wrong}\n  called: {ref_call.args}"
-                           + (f"\n  likely mistake: {d.text}" if d else ""), name, d.id if d else None)
+    raise failure(f"{where(name)}, {what}: {wrong}\n  called: {ref_call.args}"
+                  + (f"\n  likely mistake: {d.text}" if d else ""), name, d.id if d else None)
 
 
 def check_part(name: str, fn: Callable, trials: int = 150, seed: int = 0) -> int:
