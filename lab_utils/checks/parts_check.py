@@ -175,8 +175,9 @@ def first_difference(ref: dict, you: dict) -> tuple[str, object, object] | None:
             continue
         if isinstance(r, dict) and isinstance(y, dict):
             for k in [*r, *[k for k in y if k not in r]]:
-                if r.get(k, "(none)") != y.get(k, "(none)"):
-                    return f"{key}[{k!r}]", repr(y.get(k, "(none)")), repr(r.get(k, "(none)"))
+                if k not in r or k not in y or r[k] != y[k]:
+                    return (f"{key}[{k!r}]", repr(y[k]) if k in y else "absent",
+                            repr(r[k]) if k in r else "absent")
         if key == "ref_counts" and len(r) == len(y):
             i = next(i for i in range(len(r)) if r[i] != y[i])
             return f"the ref_count of block {i}", repr(y[i]), repr(r[i])
