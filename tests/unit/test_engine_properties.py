@@ -80,7 +80,7 @@ def test_preemption_keeps_outputs_and_frees_every_block(tiny):
         eng, got = run(tiny, prompts, max_tokens, num_gpu_blocks=tight_pool(prompts, max_tokens, block_size, slack),
                        block_size=block_size, preemption_mode=mode, scheduler=scheduler, max_num_batched_tokens=64,
                        enable_prefix_caching=False, watermark=0.0)
-        assert got == ref
+        assert got == ref  # float64: other row counts/chunks move a logit by ~1e-15, below any greedy margin
         seen[mode] += eng.stats()["num_preemptions"]
 
     prop()
@@ -99,7 +99,7 @@ def test_chunked_prefill_at_any_budget_keeps_outputs(tiny):
         ref = reference(tiny, prompts, max_tokens)
         eng, got = run(tiny, prompts, max_tokens, num_gpu_blocks=512 // block_size, block_size=block_size,
                        max_num_batched_tokens=budget, enable_chunked_prefill=chunked, scheduler="token_budget")
-        assert got == ref
+        assert got == ref  # float64: other row counts/chunks move a logit by ~1e-15, below any greedy margin
         assert max(s["num_tokens"] for s in eng.step_log) <= budget
 
     prop()
@@ -120,7 +120,7 @@ def test_prefix_caching_with_shared_prefixes_keeps_outputs(tiny):
         ref = reference(tiny, prompts, max_tokens)
         eng, got = run(tiny, prompts, max_tokens, num_gpu_blocks=64, block_size=4, max_num_batched_tokens=budget,
                        enable_prefix_caching=caching, max_num_seqs=max_num_seqs)
-        assert got == ref
+        assert got == ref  # float64: other row counts/chunks move a logit by ~1e-15, below any greedy margin
         rate = eng.stats()["prefix_cache_hit_rate"]
         assert rate == 0.0 if not caching else 0.0 <= rate <= 1.0
         if caching:
@@ -144,7 +144,7 @@ def test_everything_at_once_under_memory_pressure(tiny):
         eng, got = run(tiny, prompts, max_tokens, num_gpu_blocks=tight_pool(prompts, max_tokens, block_size, slack),
                        block_size=block_size, preemption_mode=mode, max_num_batched_tokens=budget,
                        enable_prefix_caching=True, watermark=0.0)
-        assert got == ref
+        assert got == ref  # float64: other row counts/chunks move a logit by ~1e-15, below any greedy margin
         seen.append(eng.stats()["num_preemptions"])
 
     prop()
