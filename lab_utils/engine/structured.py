@@ -35,7 +35,9 @@ from __future__ import annotations
 
 import json
 import re
+import threading
 import time
+from collections import OrderedDict, deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Callable
 
@@ -45,6 +47,36 @@ from lab_utils.engine.structured_params import StructuredOutputParams
 
 MaskFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 AdvanceFn = Callable[[object, list[int]], bool]
+
+CACHE_ENTRIES = 256  # compiled grammars kept (least recently used dropped): a server sees many schemas
+STEP_LOG_ENTRIES = 10_000  # constrained steps kept in `step_log` (a server runs for days)
+# the finish reason of a request whose grammar left no token to choose: the request's own fault, ended alone
+_COMPILER_LOCK = threading.Lock()
+DEAD_END = "error: the grammar allows no token here (the schema or grammar cannot be completed)"
+
+
+class CompileTimeout(ValueError):
+    """A grammar took longer to compile than its caller allows ("schema too complex")."""
+
+
+def unsatisfiable(schema) -> str | None:
+    """Why a JSON schema can never be met, where that shows in the schema itself (None if it does not):
+    an object that requires a key its `properties` and `additionalProperties: false` forbid, at the root or
+    in a required property."""
+    if not isinstance(schema, dict):
+        return None
+    props = schema.get("properties") if isinstance(schema.get("properties"), dict) else {}
+    required = schema.get("required") if isinstance(schema.get("required"), list) else []
+    if schema.get("additionalProperties") is False and not schema.get("patternProperties"):
+        missing = [k for k in required if k not in props]
+        if missing:
+            return (f"it requires {missing} but allows only the keys {sorted(props)} "
+                    f"(additionalProperties is false)")
+    for k in required:
+        why = unsatisfiable(props.get(k)) if isinstance(k, str) else None
+        if why:
+            return f"property {k!r}: {why}"
+    return None
 
 
 # -- the mask step (the lab's exercise; these are the reference versions) ---------------------------------
@@ -76,19 +108,38 @@ def choice_grammar(choices: list[str]) -> str:
     return "root ::= " + " | ".join(lit(c) for c in choices)
 
 
+def build_grammar(compiler, so: StructuredOutputParams):
+    """`so` compiled by an xgrammar GrammarCompiler (the library's own errors pass through)."""
+    c, kind = compiler, so.kind
+    if kind in ("json", "json_object"):
+        schema = so.json if kind == "json" else {"type": "object"}
+        text = schema if isinstance(schema, str) else json.dumps(schema)
+        strict = so.disable_any_whitespace
+        return c.compile_json_schema(text, any_whitespace=not strict, separators=(",", ":") if strict else None)
+    if kind == "regex":
+        return c.compile_regex(so.regex)
+    if kind == "choice":
+        return c.compile_grammar(choice_grammar(so.choice))
+    return c.compile_grammar(so.grammar) if "::=" in so.grammar else c.compile_lark(so.grammar)
+
+
 class GrammarCompiler:
     """Compiles structured-output params against one tokenizer, caching by what was asked (a server sees the
-    same schema again and again)."""
+    same schema again and again; the `max_entries` most recently used are kept). Safe to call from several
+    threads: the server compiles off its event loop. A grammar that leaves no token to start with (a `$ref`
+    cycle such as {"$ref": "#"}) or a schema that can never be met is a ValueError here, before any step."""
 
-    def __init__(self, tokenizer, vocab_size: int, stop_token_ids: list[int]) -> None:
+    def __init__(self, tokenizer, vocab_size: int, stop_token_ids: list[int], max_entries: int = CACHE_ENTRIES) -> None:
         import xgrammar as xgr
 
         self.xgr = xgr
         self.vocab_size = vocab_size
+        self.max_entries = max_entries
         self.info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size,
                                                        stop_token_ids=list(stop_token_ids))
-        self.compiler = xgr.GrammarCompiler(self.info)
-        self.cache: dict[tuple, object] = {}
+        self.compiler = xgr.GrammarCompiler(self.info, cache_enabled=False)  # bounded by our own cache
+        self.cache: OrderedDict[tuple, object] = OrderedDict()  # key -> compiled grammar, or the refusal (str)
+        self._lock = threading.Lock()
         # Special tokens (<|im_start|>, <filename>, ...) are control tokens, never text, but the library may see
         # them as plain strings (it finds none in a transformers-5 tokenizer): they are cleared from every mask,
         # the stop tokens excepted. `keep` is the bitmask word row with their bits at 0.
@@ -100,28 +151,53 @@ class GrammarCompiler:
             w, b = divmod(i, 32)
             self.keep[0, w] = int(self.keep[0, w]) & ~(1 << b) if b < 31 else int(self.keep[0, w]) & 0x7FFFFFFF
 
-    def compile(self, so: StructuredOutputParams):
+    def cached(self, so: StructuredOutputParams) -> bool:
+        """True if `compile(so)` answers at once (compiled or refused before)."""
+        with self._lock:
+            return so.key() in self.cache
+
+    def compile(self, so: StructuredOutputParams, build: Callable | None = None):
+        """The compiled grammar for `so` (ValueError if refused). `build(so)` compiles it (default: here, with
+        this process's compiler); the server builds in a worker process it can stop."""
         key = so.key()
-        if key not in self.cache:
-            try:
-                self.cache[key] = self._compile(so)
-            except Exception as err:  # the library's errors (bad schema, bad regex, ...) name the problem
-                why = re.sub(r"^\[[\d:]+\]\s+\S+:\d+:\s*", "", str(err).strip())  # drop "[time] file.cc:123:"
-                raise ValueError(f"structured_output.{so.kind} could not be compiled: {why[:500]}") from None
-        return self.cache[key]
+        with self._lock:
+            hit = self.cache.get(key)
+            if hit is not None:
+                self.cache.move_to_end(key)
+        if hit is None:
+            hit = self._compile_checked(so, build or self._compile)
+            with self._lock:
+                self.cache[key] = hit
+                while len(self.cache) > self.max_entries:
+                    self.cache.popitem(last=False)
+        if isinstance(hit, ValueError):
+            raise type(hit)(str(hit))
+        return hit
+
+    def _compile_checked(self, so: StructuredOutputParams, build: Callable):
+        """The compiled grammar, or the ValueError saying why it is refused (kept in the cache like a grammar)."""
+        if so.kind == "json":
+            schema = json.loads(so.json) if isinstance(so.json, str) else so.json
+            why = unsatisfiable(schema)
+            if why:
+                return ValueError(f"structured_output.json can never be met: {why}")
+        try:
+            compiled = build(so)
+        except CompileTimeout as err:
+            return err
+        except Exception as err:  # the library's errors (bad schema, bad regex, ...) name the problem
+            why = re.sub(r"^\[[\d:]+\]\s+\S+:\d+:\s*", "", str(err).strip())  # drop "[time] file.cc:123:"
+            return ValueError(f"structured_output.{so.kind} could not be compiled: {why[:500]}")
+        m = self.matcher(compiled)
+        bm = self.xgr.allocate_token_bitmask(1, self.vocab_size)
+        m.fill_next_token_bitmask(bm, 0)
+        if not m.is_terminated() and not bool(((bm & self.keep) != 0).any()):
+            return ValueError(f"structured_output.{so.kind} allows no output: no token can start it (a $ref cycle "
+                              f'such as {{"$ref": "#"}}, or constraints that no value meets)')
+        return compiled
 
     def _compile(self, so: StructuredOutputParams):
-        c, kind = self.compiler, so.kind
-        if kind in ("json", "json_object"):
-            schema = so.json if kind == "json" else {"type": "object"}
-            text = schema if isinstance(schema, str) else json.dumps(schema)
-            strict = so.disable_any_whitespace
-            return c.compile_json_schema(text, any_whitespace=not strict, separators=(",", ":") if strict else None)
-        if kind == "regex":
-            return c.compile_regex(so.regex)
-        if kind == "choice":
-            return c.compile_grammar(choice_grammar(so.choice))
-        return c.compile_grammar(so.grammar) if "::=" in so.grammar else c.compile_lark(so.grammar)
+        return build_grammar(self.compiler, so)
 
     def matcher(self, compiled):
         return self.xgr.GrammarMatcher(compiled)
@@ -144,7 +220,8 @@ class StructuredOutputs:
         self._pool: ThreadPoolExecutor | None = None
         self.matchers: dict[str, object] = {}
         self._pending: tuple[list[tuple[str, int]], Future | dict] | None = None
-        self.step_log: list[dict] = []  # steps with >= 1 constrained row: times in ms
+        self.step_log: deque[dict] = deque(maxlen=STEP_LOG_ENTRIES)  # steps with >= 1 constrained row: ms
+        self.dead_ends: set[str] = set()  # requests whose grammar left no token in this step
         self.record: dict[str, list[torch.Tensor]] = {}  # request id -> bitmask rows used, when asked for
 
     def use(self, mask_fn: MaskFn | None = None, advance_fn: AdvanceFn | None = None,
@@ -163,10 +240,11 @@ class StructuredOutputs:
     # -- requests ---------------------------------------------------------------------------------------
     @property
     def compiler(self) -> GrammarCompiler:
-        if self._compiler is None:
-            if self.tokenizer is None:
-                raise ValueError("structured_output needs the engine's tokenizer; this engine has none")
-            self._compiler = GrammarCompiler(self.tokenizer, self.vocab_size, self.stop_token_ids)
+        with _COMPILER_LOCK:  # made once, also when two server threads ask first at the same time
+            if self._compiler is None:
+                if self.tokenizer is None:
+                    raise ValueError("structured_output needs the engine's tokenizer; this engine has none")
+                self._compiler = GrammarCompiler(self.tokenizer, self.vocab_size, self.stop_token_ids)
         return self._compiler
 
     def compile(self, so) -> object | None:
@@ -178,6 +256,7 @@ class StructuredOutputs:
 
     def release(self, request_id: str) -> None:
         self.matchers.pop(request_id, None)
+        self.dead_ends.discard(request_id)
 
     def active(self) -> bool:
         return bool(self.matchers)
@@ -283,6 +362,7 @@ class StructuredOutputs:
         if masked is None or tuple(masked.shape) != (len(idx), logits.shape[-1]):
             raise ValueError(f"the mask function must return the masked logits [{len(idx)}, {logits.shape[-1]}], "
                              f"got {None if masked is None else tuple(masked.shape)}")
+        masked = self._no_empty_rows(masked, layout, masks)
         with torch.inference_mode():  # the runner's logits are inference tensors: written in place, no copy
             logits[index] = masked.to(logits.dtype)
         t2 = time.perf_counter()
@@ -291,12 +371,32 @@ class StructuredOutputs:
                               "apply_ms": (t2 - t1) * 1e3, "accept_ms": 0.0, "inline_ms": fill_ms if inline else 0.0})
         return logits
 
+    def _no_empty_rows(self, masked: torch.Tensor, layout, masks) -> torch.Tensor:
+        """A row where the grammar allows nothing (a schema that cannot be completed) would make the sampler
+        divide by zero and fail the whole step: that row gets the stop token instead, and its request is marked
+        so `accept` ends it alone with `DEAD_END`."""
+        dead = torch.isneginf(masked).all(-1)
+        if not bool(dead.any()):
+            return masked
+        rids = [rid for rid, n in layout if rid in masks for _ in range(n)]
+        stop = self.stop_token_ids[0] if self.stop_token_ids else 0
+        masked = masked.clone()
+        for i in dead.nonzero().flatten().tolist():
+            self.dead_ends.add(rids[i])
+            masked[i] = float("-inf")
+            masked[i, stop] = 0.0
+        return masked
+
     def accept(self, req, token: int) -> str | None:
         """Advance the request's matcher by one emitted token. Returns a finish reason when the grammar is
-        complete ("stop") or refused the token (an error that ends only this request), else None."""
+        complete ("stop"), left no token (`DEAD_END`) or refused the token (an error that ends only this
+        request), else None."""
         m = self.matchers.get(req.request_id)
         if m is None:
             return None
+        if req.request_id in self.dead_ends:
+            self.dead_ends.discard(req.request_id)
+            return DEAD_END
         t0 = time.perf_counter()
         ok = self.advance_fn(m, [int(token)])
         if self.step_log:

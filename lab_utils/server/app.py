@@ -9,6 +9,7 @@ inside an engine step ends only the requests it belongs to, with a 500 that says
 """
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 import uuid
@@ -21,22 +22,25 @@ from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_vali
 
 from lab_utils.engine.engine import LLMEngine
 from lab_utils.engine.sampling_params import MAX_STOP_STRINGS, SEED_RANGE, SamplingParams
+from lab_utils.engine.structured import DEAD_END
 from lab_utils.server.async_engine import AsyncEngine, EngineDeadError, QueueFullError, Stream
 from lab_utils.server.guard import DEFAULT_MAX_BODY_BYTES, RequestGuard
 from lab_utils.server.metrics import ServerMetrics
+from lab_utils.server.offload import COMPILE_TIMEOUT_S, CompilerBusy, Offload, SchemaTooComplex
 from lab_utils.server.stream_text import StreamText
 from lab_utils.server.streaming import load_stream_part
 from lab_utils.server.tools import (NamedToolChoice, ResponseFormat, Tool, ToolRequestError, chat_reply, render_chat,
-                                    structured_output, tool_mode)
+                                    structured_output, tool_mode, tool_schema)
 
 RETRY_AFTER_S = 1  # what a 503 "queue full" asks the client to wait
 
 
 class APIError(Exception):
     def __init__(self, status: int, message: str, kind: str = "invalid_request_error", param: str | None = None,
-                 headers: dict[str, str] | None = None) -> None:
+                 headers: dict[str, str] | None = None, code: str | None = None) -> None:
         super().__init__(message)
         self.status, self.message, self.kind, self.param, self.headers = status, message, kind, param, headers
+        self.code = code
 
 
 # -- request bodies: one field per line, so new ones (response_format, tools, ...) are one line each ----------
@@ -85,19 +89,22 @@ class ChatRequest(_Common):
 
 def create_app(engine: LLMEngine, model_name: str, max_tokens_cap: int = 1024, api_key: str | None = None,
                max_waiting: int | None = 1024, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
-               learner_parts=()) -> FastAPI:
+               learner_parts=(), compile_timeout_s: float = COMPILE_TIMEOUT_S) -> FastAPI:
     """The app over one engine. `max_waiting` bounds the queue (None: unbounded); `max_body_bytes` the body;
+    `compile_timeout_s` a schema's compilation (longer: 400 "schema too complex");
     `learner_parts` (["server.stream_sse"]): the streaming loop is the learner's, loaded from my_engine/.
     `lab:learner_part` on /metrics names every part that is the learner's: the loop's and the engine's."""
     app = FastAPI(title="LLM Serving Lab server")
     engine.keep_history = False  # the server runs for days: no per-step timeline, no table of ended requests
     aengine = AsyncEngine(engine, max_waiting=max_waiting)
+    offload = Offload(engine, compile_timeout_s)  # schema compilation, long texts' tokenisation: off the loop
     metrics = ServerMetrics(engine)
     stream_fn, stream_parts = load_stream_part(learner_parts)
     metrics.learner_parts(sorted({*stream_parts, *(n for n in engine.parts.overrides if not n.startswith("server."))}))
     aengine.on_output = metrics.observe
     aengine.on_step_failure = metrics.step_failed
     app.state.engine, app.state.async_engine, app.state.metrics = engine, aengine, metrics
+    app.state.offload = offload
     app.add_middleware(RequestGuard, api_key=api_key, max_body_bytes=max_body_bytes, on_reject=metrics.rejected)
 
     @app.on_event("shutdown")
@@ -105,15 +112,15 @@ def create_app(engine: LLMEngine, model_name: str, max_tokens_cap: int = 1024, a
         aengine.shutdown()
 
     def error(status: int, message: str, kind: str, param: str | None = None,
-              headers: dict[str, str] | None = None) -> JSONResponse:
+              headers: dict[str, str] | None = None, code: str | None = None) -> JSONResponse:
         if status < 500 or status == 503:
             metrics.rejected(status)
-        return JSONResponse({"error": {"message": message, "type": kind, "param": param, "code": status}},
+        return JSONResponse({"error": {"message": message, "type": kind, "param": param, "code": code}},
                             status_code=status, headers=headers)
 
     @app.exception_handler(APIError)
     async def _api_error(_: Request, exc: APIError):
-        return error(exc.status, exc.message, exc.kind, exc.param, exc.headers)
+        return error(exc.status, exc.message, exc.kind, exc.param, exc.headers, exc.code)
 
     @app.exception_handler(RequestValidationError)
     async def _bad_request(_: Request, exc: RequestValidationError):
@@ -142,26 +149,43 @@ def create_app(engine: LLMEngine, model_name: str, max_tokens_cap: int = 1024, a
             message = str(exc).removeprefix("SamplingParams.")
             raise APIError(400, message, param=message.split("=")[0]) from None
 
-    def constraint(req: _Common, mode: str | None = None) -> dict | None:
-        """response_format / a forced tool_choice -> the engine's structured_output, compiled here (cached) so a
-        schema the grammar compiler refuses is a 400 naming the field."""
-        param = "tools" if mode not in (None, "auto") else "response_format"
+    async def constraint(req: _Common, mode: str | None = None) -> dict | None:
+        """response_format / a forced tool_choice -> the engine's structured_output, compiled here (in a worker
+        thread, cached, time-limited) so a schema the grammar compiler refuses, one that admits no output, or one
+        too slow to compile is a 400 naming the field."""
+        param = grammar_param(mode)
         try:
             so = structured_output(req.response_format, getattr(req, "tools", None), mode,
                                    getattr(req, "parallel_tool_calls", None))
-            engine.structured.compile(so)
+            if mode == "required":  # each tool's parameters alone: one that admits nothing is known here
+                for i, tool in enumerate(req.tools):
+                    try:
+                        await offload.compile(tool_schema(tool))
+                    except SchemaTooComplex:
+                        raise
+                    except ValueError as exc:
+                        raise ToolRequestError(f"tools[{i}].function.parameters: {exc}", "tools") from None
+            await offload.compile(so)
         except ToolRequestError as exc:
             raise APIError(400, str(exc), param=exc.param) from None
+        except SchemaTooComplex as exc:
+            raise APIError(400, f"{param}: {exc}", param=param, code="schema_too_complex") from None
+        except CompilerBusy as exc:
+            raise APIError(503, str(exc), "server_busy", headers={"Retry-After": str(RETRY_AFTER_S)}) from None
         except ValueError as exc:  # "structured_output.json could not be compiled: <why>"
             raise APIError(400, f"{param}: {exc}", param=param) from None
         return so
 
-    def token_ids(prompt: str | list[int], param: str) -> list[int]:
-        """Text -> ids (once, here); ids are checked by the engine's add_request."""
+    def grammar_param(mode: str | None) -> str:
+        return "tools" if mode not in (None, "auto") else "response_format"
+
+    async def token_ids(prompt: str | list[int], param: str) -> list[int]:
+        """Text -> ids (once, here; a long text in a worker thread); ids are checked by the engine's add_request."""
         if isinstance(prompt, list):
             return prompt
         try:
-            return engine.tokenizer(prompt, add_special_tokens=False).input_ids
+            return await offload.run(lambda: engine.tokenizer(prompt, add_special_tokens=False).input_ids,
+                                     size=len(prompt))
         except (TypeError, ValueError, UnicodeError) as exc:
             raise APIError(400, f"{param}: the text cannot be tokenized ({type(exc).__name__}): send valid UTF-8 "
                                 f"text (no lone surrogates such as \\ud800)", param=param) from None
@@ -187,7 +211,7 @@ def create_app(engine: LLMEngine, model_name: str, max_tokens_cap: int = 1024, a
     async def health():
         if aengine.error is not None:
             return JSONResponse({"error": {"message": f"engine failed: {aengine.error}", "type": "server_error",
-                                           "param": None, "code": 500}}, status_code=500)
+                                           "param": None, "code": None}}, status_code=500)
         return {"status": "ok"}
 
     @app.get("/metrics")
@@ -199,15 +223,18 @@ def create_app(engine: LLMEngine, model_name: str, max_tokens_cap: int = 1024, a
         return {"object": "list", "data": [{"id": model_name, "object": "model", "owned_by": "lab_utils",
                                             "max_model_len": engine.max_model_len}]}
 
-    async def sse(stream: Stream, stops: list[str], kind: str, rid: str, created: int):
+    async def sse(stream: Stream, stops: list[str], kind: str, rid: str, created: int, grammar: str | None):
         """SSE lines in OpenAI's chunk format, from the streaming loop (`streaming.stream_sse`, or the learner's);
         the chunks' text adds up to the non-streamed text."""
         text = StreamText(engine.tokenizer, stops)
         obj = "chat.completion.chunk" if kind == "chat" else "text_completion"
 
         def to_chunk(out) -> dict:
+            if out.finished and out.finish_reason == DEAD_END:
+                return {"error": {"message": out.finish_reason, "type": "invalid_request_error",
+                                  "param": grammar, "code": "grammar_dead_end"}}
             if out.finished and out.finish_reason and out.finish_reason.startswith("error"):
-                return {"error": {"message": out.finish_reason, "type": "server_error", "param": None, "code": 500}}
+                return {"error": {"message": out.finish_reason, "type": "server_error", "param": None, "code": None}}
             delta = text.delta(out.new_token_ids)
             if out.finished:
                 delta += text.final(out.text)
@@ -228,26 +255,27 @@ def create_app(engine: LLMEngine, model_name: str, max_tokens_cap: int = 1024, a
                                         lambda: aengine.abort(stream.request_id)):
                 yield line
         except EngineDeadError as exc:
-            yield f"data: {json.dumps({'error': {'message': str(exc), 'type': 'server_error', 'code': 500}})}\n\n"
+            yield f"data: {json.dumps({'error': {'message': str(exc), 'type': 'server_error', 'param': None, 'code': None}})}\n\n"
             yield "data: [DONE]\n\n"
         except Exception as exc:  # a learner's loop that raised: the client is told, the request is ended
             aengine.abort(stream.request_id)
             why = f"the streaming loop ({stream_parts or 'reference'}) raised {type(exc).__name__}: {exc}"
-            yield f"data: {json.dumps({'error': {'message': why, 'type': 'server_error', 'code': 500}})}\n\n"
+            yield f"data: {json.dumps({'error': {'message': why, 'type': 'server_error', 'param': None, 'code': None}})}\n\n"
             yield "data: [DONE]\n\n"
 
-    async def complete(ids: list[int], params: SamplingParams, kind: str, stream: bool, param: str,
+    async def complete(raw: Request, ids: list[int], params: SamplingParams, kind: str, stream: bool, param: str,
                        mode: str | None = None, tools: list[Tool] | None = None):
         handle = submit(ids, params, param)
         rid, created = f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{uuid.uuid4().hex[:16]}", int(time.time())
+        grammar = grammar_param(mode) if params.structured_output is not None else None
         if stream:
-            return StreamingResponse(sse(handle, params.stop, kind, rid, created), media_type="text/event-stream")
-        final = None
-        try:
-            async for out in aengine.outputs(handle):
-                final = out
-        except EngineDeadError as exc:
-            raise APIError(500, str(exc), "server_error") from None
+            return StreamingResponse(sse(handle, params.stop, kind, rid, created, grammar),
+                                     media_type="text/event-stream")
+        final = await until_done_or_gone(raw, handle)
+        if final is None:  # the client left: its request was aborted, its KV blocks are free
+            return Response(status_code=499)
+        if final.finish_reason == DEAD_END:
+            raise APIError(400, f"{grammar}: {final.finish_reason}", param=grammar, code="grammar_dead_end")
         if final.finish_reason and final.finish_reason.startswith("error"):
             raise APIError(500, final.finish_reason, "server_error")
         if final.finish_reason and final.finish_reason.startswith("rejected"):
@@ -262,14 +290,42 @@ def create_app(engine: LLMEngine, model_name: str, max_tokens_cap: int = 1024, a
         return {"id": rid, "object": obj, "created": created, "model": model_name, "choices": [choice],
                 "usage": _usage(final)}
 
+    async def until_done_or_gone(raw: Request, handle: Stream):
+        """The request's last output, or None if its client disconnected first (then the request is aborted
+        at once: a non-streamed request's blocks go back as a stream's do)."""
+        async def collect():
+            final = None
+            async for out in aengine.outputs(handle):
+                final = out
+            return final
+
+        async def client_gone():
+            while (await raw.receive())["type"] != "http.disconnect":
+                await asyncio.sleep(0.05)  # (the body's end may be said twice; never spin)
+
+        work, gone = asyncio.ensure_future(collect()), asyncio.ensure_future(client_gone())
+        try:
+            await asyncio.wait({work, gone}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            gone.cancel()
+            if not work.done():
+                work.cancel()  # aengine.outputs aborts the request as it is cancelled
+        if not work.done() or work.cancelled():
+            aengine.abort(handle.request_id)
+            return None
+        try:
+            return work.result()
+        except EngineDeadError as exc:
+            raise APIError(500, str(exc), "server_error") from None
+
     @app.post("/v1/completions")
-    async def completions(req: CompletionRequest):
+    async def completions(req: CompletionRequest, raw: Request):
         check_model(req.model)
-        params = to_params(req, req.max_tokens, constraint(req))
-        return await complete(token_ids(req.prompt, "prompt"), params, "text", req.stream, "prompt")
+        params = to_params(req, req.max_tokens, await constraint(req))
+        return await complete(raw, await token_ids(req.prompt, "prompt"), params, "text", req.stream, "prompt")
 
     @app.post("/v1/chat/completions")
-    async def chat(req: ChatRequest):
+    async def chat(req: ChatRequest, raw: Request):
         check_model(req.model)
         try:
             mode = tool_mode(req.tools, req.tool_choice)  # None | "auto" | "required" | "function:<name>"
@@ -278,15 +334,16 @@ def create_app(engine: LLMEngine, model_name: str, max_tokens_cap: int = 1024, a
         if mode is not None and req.stream:
             raise APIError(400, "stream=true with tools is not supported by this server: send stream=false",
                            param="stream")
-        params = to_params(req, req.max_completion_tokens or req.max_tokens, constraint(req, mode))
+        params = to_params(req, req.max_completion_tokens or req.max_tokens, await constraint(req, mode))
         msgs = [m.model_dump() for m in req.messages]
-        try:
-            prompt = render_chat(engine.tokenizer, msgs, req.tools, mode)  # tools shown to the model
+        try:  # tools shown to the model; a long conversation is rendered in a worker thread
+            prompt = await offload.run(render_chat, engine.tokenizer, msgs, req.tools, mode,
+                                       size=sum(len(m["content"]) for m in msgs))
         except Exception as exc:  # noqa: BLE001 - a template that refuses these messages is the client's problem
             raise APIError(400, f"the chat template refused these messages ({type(exc).__name__}: {exc}); check "
                                 f"the roles' order and the contents' text", param="messages") from None
-        return await complete(token_ids(prompt, "messages"), params, "chat", req.stream, "messages", mode,
-                              req.tools)
+        return await complete(raw, await token_ids(prompt, "messages"), params, "chat", req.stream, "messages",
+                              mode, req.tools)
 
     return app
 

@@ -5,6 +5,7 @@ import argparse
 
 from lab_utils.engine.cli import add_engine_args, engine_config_from_args, torch_dtype
 from lab_utils.server.guard import DEFAULT_MAX_BODY_BYTES
+from lab_utils.server.offload import COMPILE_TIMEOUT_S
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -19,6 +20,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="requests that may wait for the engine; more get 503 with Retry-After (0: no bound)")
     p.add_argument("--max-body-bytes", type=int, default=DEFAULT_MAX_BODY_BYTES,
                    help="largest request body; larger ones get 413")
+    p.add_argument("--max-schema-compile-s", type=float, default=COMPILE_TIMEOUT_S,
+                   help="longest a response_format / tools schema may take to compile; longer: 400 schema too complex")
     p.add_argument("--learner-parts", nargs="*", default=[], metavar="PART",
                    help="server parts to load from my_engine/ (LAB_LEARNER_DIR) in place of the reference: "
                         "server.stream_sse")
@@ -52,7 +55,7 @@ def serve(args: argparse.Namespace) -> int:
         engine.warmup()
     app = create_app(engine, args.served_model_name or args.model, args.max_tokens_cap, args.api_key,
                      max_waiting=args.max_waiting or None, max_body_bytes=args.max_body_bytes,
-                     learner_parts=args.learner_parts)
+                     learner_parts=args.learner_parts, compile_timeout_s=args.max_schema_compile_s)
     print(f"serving {args.model} on http://{args.host}:{args.port}/v1", flush=True)
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
     return 0

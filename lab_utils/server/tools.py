@@ -121,6 +121,11 @@ def structured_output(response_format: ResponseFormat | None, tools: list[Tool] 
     return {"json": response_format.json_schema.json_schema, **COMPACT}
 
 
+def tool_schema(tool: Tool) -> dict:
+    """The structured output of one tool's arguments alone (its `$ref`s resolved against its own parameters)."""
+    return {"json": _params(tool.function), **COMPACT}
+
+
 # -- the prompt -----------------------------------------------------------------------------------------------
 def render_chat(tokenizer, messages: list[dict], tools: list[Tool] | None, mode: str | None) -> str:
     """The chat prompt, with the tools shown to the model when it must choose or fill them."""
