@@ -31,6 +31,8 @@ def _run(model_tok, prompts, max_tokens, **cfg):
 def test_smollm2_engine_matches_hf_generate(smollm2):
     from transformers import AutoModelForCausalLM
 
+    from lab_utils.checks.teacher_forced import compare, engine_logits_batch, rounding_tie
+
     from lab_utils.models.loader import model_folder
 
     model, tok = smollm2
@@ -39,10 +41,19 @@ def test_smollm2_engine_matches_hf_generate(smollm2):
                "Once upon a time, in a small village,"]
     eng = LLMEngine(smollm2, EngineConfig(max_num_seqs=8, max_num_batched_tokens=16), device="cpu")
     outs = eng.generate(prompts, SamplingParams(max_tokens=16))
-    for p, o in zip(prompts, outs):
-        ids = torch.tensor([tok(p, add_special_tokens=False).input_ids])
-        ref = hf.generate(ids, max_new_tokens=16, do_sample=False)[0, ids.shape[1]:].tolist()
-        assert o.token_ids == ref, f"engine {o.token_ids} != HF {ref} for {p!r}"
+    # two implementations (paged KV, chunked prefills, batched decode vs HF's): teacher-forced on the engine's
+    # tokens, HF's argmax must be the engine's choice wherever HF's margin exceeds the float32 near-tie tolerance,
+    # and the engine's logits over those tokens (pinned step by step) lie within 1e-3 of HF's
+    ids = [tok(p, add_special_tokens=False).input_ids for p in prompts]
+    conts = [o.token_ids for o in outs]
+    with torch.no_grad():
+        ref = [hf(torch.tensor([i + c])).logits[0, len(i) - 1 : -1].float() for i, c in zip(ids, conts)]
+    tie = rounding_tie(torch.float32, torch.cat(ref))
+    for p, r, c in zip(prompts, ref, conts):
+        chosen = compare(r, torch.nn.functional.one_hot(torch.tensor(c), r.shape[-1]).float(), tie)
+        assert chosen.decisive_fraction == 1.0, f"engine tokens {c} are not HF's argmax for {p!r}: {chosen.describe()}"
+    scored = compare(ref, engine_logits_batch(eng, ids, conts), tie)
+    assert scored.decisive_fraction == 1.0 and scored.max_abs_diff <= 1e-3, f"engine vs HF: {scored.describe()}"
     eng.block_manager.check_all_free()
 
 
@@ -58,7 +69,7 @@ def test_batched_equals_solo(tiny64, cfg):
     prompts = _prompts(9, seed=1)
     ref = _solo(tiny64, prompts, 12)
     _, got = _run(tiny64, prompts, 12, **cfg)
-    assert got == ref
+    assert got == ref  # float64: batching moves a logit by ~1e-15, below any greedy margin (see the tiny64 fixture)
 
 
 def test_static_batching_admits_nobody_until_the_batch_ends(tiny64):
