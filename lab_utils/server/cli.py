@@ -49,6 +49,7 @@ def serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from lab_utils.server.app import create_app
+    from lab_utils.server.http_limits import GuardedHttpTools
 
     engine = build_engine(args)
     if engine.device.type == "cuda":  # as vLLM at start-up: compile and capture before the first request
@@ -57,5 +58,5 @@ def serve(args: argparse.Namespace) -> int:
                      max_waiting=args.max_waiting or None, max_body_bytes=args.max_body_bytes,
                      learner_parts=args.learner_parts, compile_timeout_s=args.max_schema_compile_s)
     print(f"serving {args.model} on http://{args.host}:{args.port}/v1", flush=True)
-    uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+    uvicorn.run(app, host=args.host, port=args.port, log_level="warning", http=GuardedHttpTools)  # header limits
     return 0

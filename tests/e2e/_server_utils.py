@@ -21,12 +21,12 @@ def free_port() -> int:
 class UvicornThread:
     """`with UvicornThread(app) as srv: httpx.get(srv.url + ...)`: loopback only, stops on exit."""
 
-    def __init__(self, app, port: int | None = None) -> None:
+    def __init__(self, app, port: int | None = None, **config) -> None:
         import uvicorn
 
         port = port or free_port()
         self.app = app
-        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", **config))
         self.thread = threading.Thread(target=self.server.run, daemon=True)
         self.url = f"http://127.0.0.1:{port}"
 
