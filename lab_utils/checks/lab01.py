@@ -176,16 +176,43 @@ def check_schedule_continuous(fn, cases: int = 200) -> None:
 
 
 # -- the lab's claims ----------------------------------------------------------------------------------------
-def assert_claims(results: dict, mismatch: dict, static_eq_cont: bool) -> None:
-    """Lab 01's claims from what it measured (`RESULTS`): raises AssertionError naming the first that fails."""
-    speedup = results["continuous_over_static_throughput"]
-    step_ratio = results["static_over_continuous_engine_steps"]
-    assert results["continuous_ran_your_scheduler"], "the continuous run did not use your scheduling step"
-    assert speedup >= 2.0, (f"continuous batching gave only {speedup:.2f}x the output throughput of static batching "
-                            f"on this workload (expected >= 2x; engine steps: {step_ratio:.2f}x fewer)")
-    assert step_ratio > 1, f"continuous batching needed {1 / step_ratio:.2f}x the engine steps of static (expected fewer)"
-    assert results["greedy_identical_to_solo"], f"batched greedy output differs from one-at-a-time generation: {mismatch}"
-    assert static_eq_cont, "static and continuous batching produced different tokens"
+RERUN = ("close what keeps the CPU busy and rerun the serving cell of section 3 (static and continuous, "
+         "interleaved), then the cells after it")
+CONTINUOUS_RUN_PARTS = ("scheduler.schedule_continuous", "engine.stop_reason")
+
+
+def claims(r: dict) -> list[tuple[str, bool | None]]:
+    """Lab 01's claims from the run's measurements `r` (built in the notebook's claims cell).
+
+    `throughput_rounds`: continuous / static output throughput of each round of the interleaved runs (static,
+    continuous, static, ...); the throughput claim is judged on them (`lab_utils.checks.timing`), so a load that
+    comes and goes cannot fail it falsely: rounds that disagree across the bar give NOT JUDGED. `static_steps`,
+    `continuous_steps`: engine steps of one run (the same every round). `mismatch`: the request ids, per run,
+    whose batched tokens differ from one-at-a-time generation beyond a near-tie; `static_eq_cont`: both policies
+    agree on every request. `calls`: how often the continuous runs called each of your parts."""
+    from lab_utils.checks.claims import need, parts_called
+    from lab_utils.checks.timing import judge
+
+    need(r, "throughput_rounds", "static_steps", "continuous_steps", "mismatch", "static_eq_cont", "calls")
+    steps_s, steps_c = r["static_steps"], r["continuous_steps"]
+    differing = {name: ids for name, ids in r["mismatch"].items() if ids}
+    return [
+        judge("continuous batching gives >= 2x the output throughput of static batching on this workload",
+              r["throughput_rounds"], 2.0, RERUN),
+        (f"continuous batching needs fewer engine steps than static ({steps_c} vs {steps_s}, "
+         f"{steps_s / max(steps_c, 1):.2f}x fewer)", 0 < steps_c < steps_s),
+        ("batched greedy output is identical to one-at-a-time generation (or parts only at near-ties)"
+         + (f"; differs for {differing}" if differing else ""), not differing),
+        ("static and continuous batching produce the same tokens", bool(r["static_eq_cont"])),
+        parts_called("the continuous runs", r["calls"], CONTINUOUS_RUN_PARTS),
+    ]
+
+
+def assert_claims(r: dict, show: bool = True) -> None:
+    """Print lab 01's claims; AssertionError naming each one that fails (a NOT JUDGED claim raises nothing)."""
+    from lab_utils.checks.claims import report
+
+    report(claims(r), show)
 
 
 def check_stop_reason(fn, cases: int = 300) -> None:
