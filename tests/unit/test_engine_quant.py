@@ -16,15 +16,44 @@ def _gen(model_tok, **cfg):
     return eng, [o.token_ids for o in outs]
 
 
+# How far a quantized path's logits may lie from fp32's over the same tokens (measured on SmolLM2 with these
+# prompts, teacher-forced: fp8 KV 3.3, int8 KV 1.5, bf16 KV 0.15, int8 weights 1.5, w8a8 2.1; the bounds leave
+# room for other CPUs' rounding, not for a broken format), and the fp32 margin above which a quantized path
+# must still pick fp32's token at nearly every position (a confident choice: 1 logit).
+QUANT_LOGIT_TOL = {"fp8": 6.0, "int8": 3.0, "bf16": 0.3, "w8a8": 4.0}
+CONFIDENT = 1.0
+W8A8_PATHS_TOL = 2.5  # the W8A8 kernel vs the W8A8 layers' own forward, same tokens (see the test below)
+
+
+@pytest.fixture(scope="module")
+def fp32_reference(smollm2):
+    """fp32's greedy continuation of every prompt and its logits there (engine, tokens, logits): computed once."""
+    from lab_utils.checks.teacher_forced import engine_logits_batch
+
+    base, tokens = _gen(smollm2)
+    return base, tokens, engine_logits_batch(base, PROMPTS, tokens)
+
+
+def _agreement_with_fp32(smollm2, fp32_reference, **cfg):
+    """Teacher-forced: the quantized engine scores fp32's greedy continuation of every prompt."""
+    from lab_utils.checks.teacher_forced import compare, engine_logits_batch
+
+    base, tokens, ref = fp32_reference
+    eng, got_tokens = _gen(smollm2, **cfg)
+    assert all(len(t) == 12 for t in got_tokens)
+    got = engine_logits_batch(eng, PROMPTS, tokens)
+    eng.block_manager.check_all_free()
+    return base, eng, compare(ref, got, tie=CONFIDENT)
+
+
 @pytest.mark.parametrize("kv", ["fp8", "int8", "bf16"])
-def test_quantized_kv_cache_generates_and_holds_more_tokens(smollm2, kv):
-    base, ref = _gen(smollm2)
-    eng, got = _gen(smollm2, kv_cache_dtype=kv)
+def test_quantized_kv_cache_generates_and_holds_more_tokens(smollm2, fp32_reference, kv):
+    base, eng, agreement = _agreement_with_fp32(smollm2, fp32_reference, kv_cache_dtype=kv)
     gain = eng.stats()["kv_capacity_tokens"] / base.stats()["kv_capacity_tokens"]
     assert gain >= {"fp8": 4.0, "int8": 3.7, "bf16": 2.0}[kv] - 1e-9, f"{kv}: capacity gain {gain:.2f}"
-    assert all(len(t) == 12 for t in got)
-    agree = sum(a == b for r, g in zip(ref, got) for a, b in zip(r, g)) / sum(len(r) for r in ref)
-    assert agree >= 0.5, f"{kv} KV agrees with fp32 KV on only {agree:.0%} of greedy tokens"
+    assert agreement.max_abs_diff <= QUANT_LOGIT_TOL[kv], f"{kv} KV vs fp32 KV: {agreement.describe()}"
+    assert agreement.decisive >= 0.5 * agreement.positions, agreement.describe()
+    assert agreement.decisive_fraction >= 0.95, f"{kv} KV vs fp32 KV: {agreement.describe()}"
 
 
 @pytest.mark.parametrize("method", ["int8", "int4", "w8a8"])
@@ -39,22 +68,54 @@ def test_quantized_weights_generate_without_touching_the_callers_model(smollm2, 
 
 
 @pytest.mark.parametrize("method", ["int8", "w8a8"])
-def test_int8_weights_mostly_agree_with_fp32(smollm2, method):
-    _, ref = _gen(smollm2)
-    _, got = _gen(smollm2, quantization=method)
-    agree = sum(a == b for r, g in zip(ref, got) for a, b in zip(r, g)) / sum(len(r) for r in ref)
-    assert agree >= 0.7, f"{method} agrees with fp32 on only {agree:.0%} of greedy tokens"
+def test_int8_weights_mostly_agree_with_fp32(smollm2, fp32_reference, method):
+    _, _, agreement = _agreement_with_fp32(smollm2, fp32_reference, quantization=method)
+    assert agreement.max_abs_diff <= QUANT_LOGIT_TOL[method], f"{method} vs fp32: {agreement.describe()}"
+    assert agreement.decisive >= 0.5 * agreement.positions, agreement.describe()
+    assert agreement.decisive_fraction >= 0.95, f"{method} vs fp32: {agreement.describe()}"
 
 
-def test_w8a8_engine_tokens_agree_with_and_without_the_kernel(smollm2, monkeypatch):
-    """The W8A8 CPU kernel (integer dot products) and the W8A8 layers' own forward (dequantize, float matmul)
-    round the same x identically; their sums differ in the last bit, which can move a later activation across a
-    rounding boundary (one INT8 step), so greedy tokens agree except at near-ties (here: all 36, measured)."""
-    _, on = _gen(smollm2, quantization="w8a8")
+def test_w8a8_kernel_and_reference_path_compute_the_same_linears(smollm2, monkeypatch):
+    """Teacher-forced at two levels (the W8A8 kernel's integer dot products and the W8A8 layers' own forward,
+    dequantize then float matmul, are two arithmetics; a free-running token comparison between them measured where
+    the first near-tie flipped: 100% agreement on an AVX2 CPU, 83% on AVX-512).
+    1. Every linear the kernel runs, fed the same input inside the model: the same output to float round-off
+       (measured on SmolLM2: median 4e-7, max 1.6e-4 of the layer's largest output). Both round x to INT8 bit for
+       bit alike (test_small_m_linear); only the order of the float sums differs.
+    2. The whole engine, scoring the same tokens: the next layer's INT8 rounding turns that round-off into whole
+       INT8 steps now and then (a value next to a .5 boundary), and 30 layers amplify them: the logits part by
+       up to W8A8_PATHS_TOL (measured max 0.99 with AVX-512 builds, 1.34 with both forced to AVX2; free-running,
+       83% of greedy tokens agreed on both, so the parting is this arithmetic's, not one ISA's). The kernel path
+       must pick the reference's token wherever the reference is confident (top-2 margin > 1 logit)."""
+    from lab_utils.checks.teacher_forced import compare, engine_logits_batch
+    from lab_utils.engine.accel.cpu_linear import SmallMInt8Linear, small_m_kernel
+
+    if small_m_kernel() is None:
+        pytest.skip("needs the compiled CPU kernels with the small-M GEMM")
+    on = LLMEngine(smollm2, EngineConfig(kv_cache_memory_bytes=64 << 20, quantization="w8a8"), device="cpu")
+    layers = [m for m in on.runner.model.modules() if isinstance(m, SmallMInt8Linear)]
+    assert layers and all(m.small_m_rows > 0 and m.w8a8 for m in layers)
+    rel: list[float] = []
+
+    def same_input_both_paths(mod, args, out):
+        ref = mod.inner(args[0])
+        rel.append(float((out - ref).abs().max() / ref.abs().max()))
+
+    hooks = [m.register_forward_hook(same_input_both_paths) for m in layers]
+    with torch.no_grad():
+        on.runner.model(torch.tensor([PROMPTS[1] + list(range(300, 330))]))
+    for h in hooks:
+        h.remove()
+    assert len(rel) == len(layers)
+    assert max(rel) <= 1e-3 and sorted(rel)[len(rel) // 2] <= 1e-5, f"kernel vs W8A8 layer, same input: {rel}"
+
     monkeypatch.setenv("LAB_CPU_SMALL_M_LINEAR", "0")
-    eng, off = _gen(smollm2, quantization="w8a8")
-    from lab_utils.engine.accel.cpu_linear import SmallMInt8Linear
-
-    assert all(m.small_m_rows == 0 for m in eng.runner.model.modules() if isinstance(m, SmallMInt8Linear))
-    agree = sum(a == b for r, g in zip(on, off) for a, b in zip(r, g)) / sum(len(r) for r in on)
-    assert agree >= 0.9, f"the W8A8 kernel and the reference path agree on only {agree:.0%} of greedy tokens"
+    off, tokens = _gen(smollm2, quantization="w8a8")
+    assert all(m.small_m_rows == 0 for m in off.runner.model.modules() if isinstance(m, SmallMInt8Linear))
+    ref = engine_logits_batch(off, PROMPTS, tokens)
+    got = engine_logits_batch(on, PROMPTS, tokens)
+    agreement = compare(ref, got, tie=CONFIDENT)
+    assert agreement.max_abs_diff <= W8A8_PATHS_TOL, f"kernel vs reference path: {agreement.describe()}"
+    assert agreement.decisive >= 0.5 * agreement.positions, agreement.describe()  # the check has teeth
+    assert agreement.decisive_fraction >= 0.95, agreement.describe()
+    on.block_manager.check_all_free()
