@@ -61,6 +61,8 @@ def build_once(out: Path, build: Callable[[Path], None], ready: Callable[[Path],
                 return out
         if ready(out) and not force:
             return out
+        for stale in out.parent.glob(out.name + ".tmp*"):  # left by a killed build; we hold the lock, none runs
+            shutil.rmtree(stale, ignore_errors=True)
         tmp = Path(tempfile.mkdtemp(prefix=out.name + ".tmp-", dir=out.parent))
         tmp.chmod(0o755)  # a shared cache: readable by everyone, as a folder made by mkdir would be
         try:

@@ -51,6 +51,7 @@ def test_a_failed_build_leaves_nothing_and_the_next_one_builds(tmp_path):
         raise RuntimeError("disk full")
 
     ready = lambda p: (p / "ok").exists()  # noqa: E731
+    (tmp_path / "m.tmp-killed").mkdir()  # what a build killed half-way leaves
     with pytest.raises(RuntimeError, match="disk full"):
         build_once(tmp_path / "m", broken, ready, verbose=False)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["m.lock"]
