@@ -13,12 +13,13 @@ import asyncio
 import json
 import time
 import uuid
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, StringConstraints, ValidationInfo, field_validator
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from lab_utils.engine.engine import LLMEngine
 from lab_utils.engine.sampling_params import MAX_STOP_STRINGS, SEED_RANGE, SamplingParams
@@ -45,13 +46,18 @@ class APIError(Exception):
 
 # -- request bodies: one field per line, so new ones (response_format, tools, ...) are one line each ----------
 StopString = Annotated[str, StringConstraints(min_length=1, max_length=256)]
+# OpenAI fields this server does not implement, with the values that ask for nothing (accepted); any other value
+# is a 400 naming the field, never silently ignored
+NOT_IMPLEMENTED = {"logprobs": (False,), "top_logprobs": (0,), "echo": (False,), "logit_bias": ({},),
+                   "frequency_penalty": (0,), "presence_penalty": (0,), "repetition_penalty": (1,),
+                   "min_tokens": (0,), "best_of": (1,), "suffix": ("",)}
 
 
 class _Common(BaseModel):
     model_config = ConfigDict(extra="ignore")  # OpenAI clients send fields this server does not use (user, ...)
 
     model: str
-    max_tokens: int | None = Field(default=None, ge=1, description="capped at the server's --max-tokens-cap")
+    max_tokens: StrictInt | None = Field(default=None, ge=1, description="capped at the server's --max-tokens-cap")
     temperature: float = Field(default=1.0, ge=0.0, le=2.0, allow_inf_nan=False)
     top_p: float = Field(default=1.0, gt=0.0, le=1.0, allow_inf_nan=False)
     top_k: int = Field(default=0, ge=-1, description="0 or -1: off")
@@ -61,6 +67,25 @@ class _Common(BaseModel):
     ignore_eos: bool = False
     n: int = Field(default=1, ge=1, le=1, description="one choice per request")
     response_format: ResponseFormat | None = None  # {"type": "json_object"} | {"type": "json_schema", ...}
+    logprobs: Any = None
+    top_logprobs: Any = None
+    echo: Any = None
+    logit_bias: Any = None
+    frequency_penalty: Any = None
+    presence_penalty: Any = None
+    repetition_penalty: Any = None
+    min_tokens: Any = None
+    best_of: Any = None
+    suffix: Any = None
+
+    @field_validator(*NOT_IMPLEMENTED, mode="before")
+    @classmethod
+    def _not_implemented(cls, v, info: ValidationInfo):
+        neutral = NOT_IMPLEMENTED[info.field_name]
+        if v is None or (type(v) is not bool or type(neutral[0]) is bool) and v in neutral:
+            return None
+        raise ValueError(f"{v!r} is not supported by this server; omit {info.field_name} or send "
+                         f"{json.dumps(neutral[0])}")
 
 
 class CompletionRequest(_Common):
@@ -81,7 +106,7 @@ class ChatMessage(BaseModel):
 
 class ChatRequest(_Common):
     messages: list[ChatMessage] = Field(min_length=1)
-    max_completion_tokens: int | None = Field(default=None, ge=1)
+    max_completion_tokens: StrictInt | None = Field(default=None, ge=1)
     tools: list[Tool] | None = Field(default=None, max_length=128)
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool | None = None
@@ -122,12 +147,21 @@ def create_app(engine: LLMEngine, model_name: str, max_tokens_cap: int = 1024, a
     async def _api_error(_: Request, exc: APIError):
         return error(exc.status, exc.message, exc.kind, exc.param, exc.headers, exc.code)
 
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request: Request, exc: StarletteHTTPException):  # 404 unknown path, 405 wrong method, ...
+        kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
+        why = {404: f"{request.url.path} is not an endpoint of this server (see /docs)",
+               405: f"{request.method} is not allowed on {request.url.path}"}.get(exc.status_code, str(exc.detail))
+        return error(exc.status_code, why, kind, None, dict(exc.headers or {}) or None)
+
     @app.exception_handler(RequestValidationError)
     async def _bad_request(_: Request, exc: RequestValidationError):
         parts, params = [], []
         for e in exc.errors():
             where = ".".join(str(x) for x in e.get("loc", []) if x != "body")
-            params.append(where)
+            if e.get("type") == "json_invalid":
+                where = ""  # the body itself: loc holds the character position
+            params.append(where or None)
             parts.append(f"{where or 'body'}: {e.get('msg')}")
         if any(e.get("type") == "json_invalid" for e in exc.errors()):
             parts.append("send a JSON object as the body (Content-Type: application/json)")

@@ -15,7 +15,7 @@ DEFAULT_MAX_BODY_BYTES = 1 << 20  # 1 MiB: a full 8k-token prompt as ids is ~60 
 
 def error_body(status: int, message: str, kind: str, param: str | None = None) -> bytes:
     """OpenAI's error object: {"error": {"message", "type", "param", "code"}}."""
-    return json.dumps({"error": {"message": message, "type": kind, "param": param, "code": status}}).encode()
+    return json.dumps({"error": {"message": message, "type": kind, "param": param, "code": None}}).encode()
 
 
 def key_matches(header: bytes, api_key: str) -> bool:
