@@ -256,7 +256,7 @@ def claims(r: dict) -> list[tuple[str, bool]]:
          r["replay_s_on"] < r["replay_s_off"] if pred >= 0.1 else r["replay_s_on"] <= 1.05 * r["replay_s_off"]),
         (f"memory pressure evicts: hit rate {small:.2f} (smallest pool) < {large:.2f} (largest)", small < large),
         (f"the cache changes no reply: {r['replies_identical']} of {r['replies']} greedy replies identical with "
-         f"caching off and on", r["replies"] > 0 and r["replies_identical"] == r["replies"]),
+         f"caching off and on (or parting first at a near-tie of the model's dtype)", r["replies"] > 0 and r["replies_identical"] == r["replies"]),
         parts_called("the cached runs (the replay and the pool sweep, whose small pools evict)", r["calls"],
                      CACHED_RUN_PARTS),
     ]

@@ -107,7 +107,7 @@ def claims(r: dict) -> list[tuple[str, bool]]:
         ("the engine with your mask step produced exactly the reference engine's tokens",
          bool(r["yours_same_as_reference"])),
         ("unconstrained requests beside constrained ones are token-identical to a run with no constrained "
-         "neighbour", bool(r["neighbours_identical"])),
+         "neighbour (or part first at a near-tie of the model's dtype)", bool(r["neighbours_identical"])),
         (f"with overlap the step waited {r['overlap_wait_ms']:.3f} ms for masks that took "
          f"{r['overlap_fill_ms']:.3f} ms to fill (under half: the fill hid behind the forward)",
          r["overlap_wait_ms"] < 0.5 * r["overlap_fill_ms"]),

@@ -135,3 +135,20 @@ def assert_same_up_to_rounding(reference: list[torch.Tensor], other: list[torch.
     assert agreement.max_abs_diff <= 1e-4 * scale, f"{what}: {agreement.describe()}"
     assert agreement.decisive_fraction == 1.0, f"{what}: {agreement.describe()}"
     return agreement
+
+
+@torch.no_grad()
+def same_or_near_tie(model: torch.nn.Module, prompt: list[int], a: list[int], b: list[int]) -> tuple[bool, float]:
+    """(ok, gap) for two greedy continuations of one prompt from two runs whose batches differed (other rows,
+    other kernel shapes): identical, or parting first where the model's two candidates lie within the near-tie
+    tolerance of its dtype (`rounding_tie`), scored on the shared prefix: the one position both runs reached
+    on the same tokens. After a parting the two continuations are not comparable, so nothing later is judged."""
+    a, b = list(a), list(b)
+    if a == b:
+        return True, 0.0
+    k = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None)
+    if k is None:  # one is a prefix of the other: they stopped at different lengths
+        return False, float("inf")
+    logits = score(model, list(prompt) + a[:k])[-1]
+    gap = abs(float(logits[a[k]] - logits[b[k]]))
+    return gap <= rounding_tie(next(model.parameters()).dtype, logits), gap

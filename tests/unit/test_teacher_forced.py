@@ -74,3 +74,26 @@ def test_a_real_difference_fails_the_rounding_comparison():
     flipped[2] = -flipped[2]
     with pytest.raises(AssertionError, match="decisive disagreements"):
         assert_same_up_to_rounding(ref, [flipped], "a flipped path")
+
+
+def test_two_runs_may_part_only_at_a_near_tie(tiny):
+    from lab_utils.checks.teacher_forced import same_or_near_tie
+
+    model, _ = tiny
+    prompt = [5, 17, 99, 3]
+    logits = score(model, prompt)[-1]
+    best, worst = int(logits.argmax()), int(logits.argmin())
+    assert same_or_near_tie(model, prompt, [best, 7], [best, 7]) == (True, 0.0)
+    ok, gap = same_or_near_tie(model, prompt, [best, 7], [worst, 7])   # a clear margin: a real difference
+    assert not ok and gap > 0.1
+    twin = model.lm_head.weight.detach().clone()                      # make token `worst` an exact twin of `best`
+    twin[worst] = twin[best]
+    with torch.no_grad():
+        saved = model.lm_head.weight.detach().clone()
+        model.lm_head.weight.copy_(twin)
+        try:
+            ok, gap = same_or_near_tie(model, prompt, [best, 7], [worst, 8])
+        finally:
+            model.lm_head.weight.copy_(saved)
+    assert ok and gap == 0.0
+    assert same_or_near_tie(model, prompt, [best], [best, 7])[0] is False  # stopped at different lengths
