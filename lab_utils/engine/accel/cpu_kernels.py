@@ -119,7 +119,7 @@ def _compile():
             stale = build / TORCH_LOCK
             if stale.exists():
                 stale.unlink()
-                _say(f"lab_utils: removed the lock of an interrupted CPU-kernel build ({stale}); building again")
+                _say(f"lab_utils: removed the lock of an interrupted CPU-kernel build ({stale})")
         # build from copies inside the build folder: the same sources from another checkout (a CI clone, a moved
         # repo) then reuse the build instead of recompiling (ninja keys on paths)
         sources = []
