@@ -73,7 +73,8 @@ def learner_folder(tmp_path, monkeypatch, solutions_module) -> Path:
 
 @pytest.fixture
 def calls(monkeypatch) -> collections.Counter:
-    """Calls of every learner's part from now on, by part name (counted where the engine plugs them in)."""
+    """Calls of every learner's part from now on, by part name, across every `EngineParts` (`EngineParts.calls`
+    counts per parts object; the lab 12 server builds its own from its CLI arguments, out of the test's reach)."""
     counter: collections.Counter = collections.Counter()
     guarded = parts_mod._guarded
 
