@@ -152,3 +152,53 @@ def same_or_near_tie(model: torch.nn.Module, prompt: list[int], a: list[int], b:
     logits = score(model, list(prompt) + a[:k])[-1]
     gap = abs(float(logits[a[k]] - logits[b[k]]))
     return gap <= rounding_tie(next(model.parameters()).dtype, logits), gap
+
+
+@dataclass
+class GreedyRuns:
+    """Two engines' greedy outputs for the same prompts, judged one request at a time by `same_or_near_tie`."""
+    total: int
+    identical: int
+    near_ties: dict[str, float] = field(default_factory=dict)  # request -> gap at the first parting (<= the tie)
+    partings: dict[str, float] = field(default_factory=dict)   # request -> gap: parted where the model was sure
+
+    @property
+    def ok(self) -> bool:
+        return not self.partings
+
+    def describe(self) -> str:
+        worst = ", ".join(f"{k} (gap {g:.3g})" for k, g in list(self.partings.items())[:3])
+        return (f"{self.identical}/{self.total} identical, {len(self.near_ties)} parted at a near-tie, "
+                f"{len(self.partings)} parted where the model was sure" + (f": {worst}" if worst else ""))
+
+
+def compare_greedy_runs(model: torch.nn.Module, prompts: dict[str, list[int]], a: dict[str, list[int]],
+                        b: dict[str, list[int]]) -> GreedyRuns:
+    """Every request of two greedy runs (two engines, two batch mixes): identical, or parting first at a near-tie
+    of `model`'s dtype. `prompts`/`a`/`b` map request ids to the prompt and to each run's output tokens."""
+    if set(a) != set(b) or not set(a) <= set(prompts):
+        raise ValueError(f"the two runs answered different requests: {sorted(set(a) ^ set(b))[:5]}")
+    runs = GreedyRuns(total=len(a), identical=0)
+    for rid in a:
+        if list(a[rid]) == list(b[rid]):
+            runs.identical += 1
+            continue
+        ok, gap = same_or_near_tie(model, prompts[rid], a[rid], b[rid])
+        if ok:
+            runs.near_ties[rid] = gap
+        else:
+            runs.partings[rid] = gap
+    return runs
+
+
+def assert_greedy_outputs_agree(model: torch.nn.Module, got: list, ref: list, what: str) -> GreedyRuns:
+    """Two engine runs of the same prompts (lists of outputs with `prompt_token_ids` and `token_ids`, in one
+    order) whose arithmetic differs in shape only (other batches, padding, graphs, a verify pass over k tokens):
+    every greedy output identical, or parting first at a near-tie of `model`'s dtype."""
+    if [list(o.prompt_token_ids) for o in got] != [list(o.prompt_token_ids) for o in ref]:
+        raise ValueError(f"{what}: the two runs were given different prompts")
+    runs = compare_greedy_runs(model, {str(i): list(o.prompt_token_ids) for i, o in enumerate(ref)},
+                               {str(i): list(o.token_ids) for i, o in enumerate(got)},
+                               {str(i): list(o.token_ids) for i, o in enumerate(ref)})
+    assert runs.ok, f"{what}: {runs.describe()}"
+    return runs

@@ -9,6 +9,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from lab_utils import EngineConfig, LLMEngine, SamplingParams
+from lab_utils.checks.teacher_forced import assert_greedy_outputs_agree
 from lab_utils.engine.accel.cuda_graphs import DecodeGraphRunner
 from lab_utils.models.loader import load_model
 
@@ -109,7 +110,7 @@ def test_graph_replay_keeps_static_buffers_across_batch_and_context_buckets(tiny
     fake.install(monkeypatch)
     eng.runner.graphs.capture = True
     got = eng.generate(prompts, params)
-    assert [o.token_ids for o in got] == [o.token_ids for o in ref]
+    assert_greedy_outputs_agree(tiny[0], got, ref, "the graph path vs eager (fp32)")
     keys = set(eng.runner.graphs.entries)
     assert {b for b, _ in keys} >= {1, 2, 4, 8} and {L for _, L in keys} >= {256, 512}, keys
     assert len(fake.captures) == len(keys) and all(e.graph is not None for e in eng.runner.graphs.entries.values())
@@ -178,7 +179,7 @@ def test_a_failing_flex_keeps_cuda_graphs_on(tiny, monkeypatch):
     monkeypatch.setattr(fa.FlexPagedAttention, "__init__", broken)
     with pytest.warns(UserWarning, match=r"'flex' failed .*still on: cuda_graphs"):
         got = eng.generate(prompts, GREEDY)
-    assert [o.token_ids for o in got] == [o.token_ids for o in ref]
+    assert_greedy_outputs_agree(tiny[0], got, ref, "the graph path vs eager (fp32)")
     r = eng.runner
     assert r.attention_backend == "sdpa" and r.graphs is not None and r.graphs.entries  # decode steps ran through it
     assert set(r.fast_path_errors) == {"flex"} and "no C compiler" in r.fast_path_error
@@ -196,7 +197,7 @@ def test_a_failing_graph_keeps_flex_on(tiny):
     eng.runner.graphs.run = broken
     with pytest.warns(UserWarning, match=r"'cuda_graphs' failed .*still on: flex"):
         got = eng.generate(prompts, GREEDY)
-    assert [o.token_ids for o in got] == [o.token_ids for o in ref]
+    assert_greedy_outputs_agree(tiny[0], got, ref, "the graph path vs eager (fp32)")
     assert eng.runner.graphs is None and eng.runner.attention_backend == "flex"
     assert set(eng.runner.fast_path_errors) == {"cuda_graphs"}
 
@@ -216,7 +217,7 @@ def test_warmup_captures_every_bucket_in_use_before_the_first_request(tiny, monk
     assert done["graphs"] == 4 and done["steps"] == 8 and not done["fast_path_errors"]
     captured = len(fake.captures)
     got = eng.generate(prompts, GREEDY)
-    assert [o.token_ids for o in got] == [o.token_ids for o in ref]
+    assert_greedy_outputs_agree(tiny[0], got, ref, "the graph path vs eager (fp32)")
     assert len(fake.captures) == captured, "a measured run still captured graphs"
     eng.add_request(prompts[0], GREEDY)
     eng.step()  # a request holds blocks now: warm-up's dummy writes would corrupt them
@@ -284,7 +285,7 @@ def test_compiled_flex_on_cpu_recompiles_a_bounded_number_of_times(tiny, monkeyp
     assert 1 <= warm <= 4, f"{warm} compiled variants at warm-up"
     got = eng.generate(prompts, params)
     assert not eng.runner.fast_path_errors and eng.runner.attention_backend == "flex"
-    assert [o.token_ids for o in got] == [o.token_ids for o in ref]
+    assert_greedy_outputs_agree(tiny[0], got, ref, "the graph path vs eager (fp32)")
     one_model = frames() - start
     assert one_model <= 8, f"{one_model} compiled variants for one model"
     _compiled_flex_engine(tiny, monkeypatch).generate(prompts, params)

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from lab_utils import EngineConfig, LLMEngine, SamplingParams
+from lab_utils.checks.teacher_forced import assert_greedy_outputs_agree
 from lab_utils.engine.config import SpecConfig
 from lab_utils.spec import make_proposer, verify
 from lab_utils.spec.draft import DraftModelProposer
@@ -181,7 +182,8 @@ def test_quantized_self_draft_is_token_identical(method):
     _, base = _generate(target, prompts, block_size=4, num_gpu_blocks=400)
     spec = SpecConfig("draft", 3, model="tiny-random", quantization=method)
     eng, outs = _generate(target, prompts, spec, block_size=4, num_gpu_blocks=400)
-    assert [o.token_ids for o in outs] == [o.token_ids for o in base]
+    # fp32: verifying 4 tokens in one pass sums in another order than decoding one at a time
+    assert_greedy_outputs_agree(target[0], outs, base, f"speculative ({method} self-draft) vs plain decoding")
     kind = {"int8": Int8Linear, "int4": Int4Linear, "w8a8": W8A8Linear}[method]
     draft_modules = list(eng.spec.proposer.model.modules())
     assert any(isinstance(m, kind) for m in draft_modules), "the draft was not quantized"

@@ -97,3 +97,20 @@ def test_two_runs_may_part_only_at_a_near_tie(tiny):
             model.lm_head.weight.copy_(saved)
     assert ok and gap == 0.0
     assert same_or_near_tie(model, prompt, [best], [best, 7])[0] is False  # stopped at different lengths
+
+
+def test_greedy_runs_sort_identical_near_ties_and_real_partings(tiny):
+    from lab_utils.checks.teacher_forced import compare_greedy_runs
+
+    model, _ = tiny
+    prompt = [5, 17, 99, 3]
+    logits = score(model, prompt)[-1]
+    best, worst = int(logits.argmax()), int(logits.argmin())
+    prompts = {"same": prompt, "real": prompt}
+    runs = compare_greedy_runs(model, prompts, {"same": [best, 7], "real": [best, 7]},
+                               {"same": [best, 7], "real": [worst, 7]})
+    assert (runs.total, runs.identical, runs.near_ties) == (2, 1, {}) and list(runs.partings) == ["real"]
+    assert not runs.ok and "1 parted where the model was sure: real" in runs.describe()
+    assert compare_greedy_runs(model, {"same": prompt}, {"same": [best]}, {"same": [best]}).ok
+    with pytest.raises(ValueError, match="different requests"):
+        compare_greedy_runs(model, prompts, {"same": [best]}, {"real": [best]})

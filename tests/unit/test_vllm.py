@@ -111,10 +111,17 @@ def vllm_backend(folder):
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)
-def test_greedy_tokens_identical_to_lab_engine(vllm_backend):
-    """>= 8 prompts x 32 tokens: the lab engine and vLLM pick the same greedy token at every position."""
+def test_greedy_tokens_agree_with_lab_engine(vllm_backend):
+    """>= 8 prompts x 32 tokens. Teacher-forced (vLLM's prompt logprobs over the lab's own output): both engines'
+    log-probabilities of the top-20 tokens agree within fp32 round-off, and the argmax agrees wherever the model is
+    sure. Free-running: every output is identical, or parts first at a near-tie (another CPU's kernels may break
+    a tie the other way; that is not a difference between the engines)."""
+    import torch
+    from vllm import SamplingParams as VLLMSamplingParams
+
     from lab_utils import EngineConfig, LLMEngine, SamplingParams
     from lab_utils.bench.backends_vllm import vllm_sampling_params
+    from lab_utils.checks.teacher_forced import compare, compare_greedy_runs, rounding_tie, score
 
     prompts = PROMPTS[:8]
     lab = LLMEngine("smollm2-135m", EngineConfig(max_num_seqs=8, block_size=32), device="cpu")
@@ -123,11 +130,29 @@ def test_greedy_tokens_identical_to_lab_engine(vllm_backend):
     v_out = vllm_backend.llm.generate([{"prompt_token_ids": p} for p in ids], vllm_sampling_params(32),
                                       use_tqdm=False)
     assert len(v_out) == len(prompts) == 8
-    for p, a, b in zip(prompts, lab_out, v_out):
-        got = list(b.outputs[0].token_ids)
-        assert len(a.token_ids) == len(got) == 32, (p, len(a.token_ids), len(got))
-        first = next((i for i, (x, y) in enumerate(zip(a.token_ids, got)) if x != y), None)
-        assert first is None, f"{p!r}: first differing token at {first}: lab {a.token_ids[first]} vs vLLM {got[first]}"
+    runs = compare_greedy_runs(lab.model, dict(enumerate(ids)), {i: a.token_ids for i, a in enumerate(lab_out)},
+                               {i: list(b.outputs[0].token_ids) for i, b in enumerate(v_out)})
+    assert all(len(a.token_ids) == len(b.outputs[0].token_ids) == 32 for a, b in zip(lab_out, v_out))
+    assert runs.ok, f"free-running greedy, lab vs vLLM: {runs.describe()}"
+
+    seqs = [p + list(a.token_ids) for p, a in zip(ids, lab_out)]
+    top = 20
+    scored = vllm_backend.llm.generate([{"prompt_token_ids": s} for s in seqs],
+                                       VLLMSamplingParams(max_tokens=1, prompt_logprobs=top, detokenize=False),
+                                       use_tqdm=False)
+    worst, ref_rows, got_rows = 0.0, [], []
+    for p, s, o in zip(ids, seqs, scored):
+        lab_lp = torch.log_softmax(score(lab.model, s), -1)
+        for i in range(len(p), len(s)):   # vLLM's entry i: the log-probabilities of the token at position i
+            theirs = o.prompt_logprobs[i]
+            toks = torch.tensor(list(theirs))
+            vals = torch.tensor([lp.logprob for lp in theirs.values()])
+            worst = max(worst, float((lab_lp[i - 1, toks] - vals).abs().max()))
+            ref = lab_lp[i - 1, toks]          # both over vLLM's top tokens: their argmax and margins compare
+            ref_rows.append(ref[None]), got_rows.append(vals[None])
+    assert worst <= rounding_tie(torch.float32, torch.zeros(1)), f"|log-prob lab - vLLM| up to {worst:.3g}"
+    agreement = compare(torch.cat(ref_rows), torch.cat(got_rows), tie=rounding_tie(torch.float32, torch.zeros(1)))
+    assert agreement.decisive_fraction == 1.0, agreement.describe()
 
 
 @pytest.mark.slow
@@ -193,7 +218,13 @@ def test_bench_cli_http_backend_against_vllm_server(tmp_path, vllm_server):
 
     offline = LabBackend("smollm2-135m", device="cpu").run(wl, warmup=False)
     online = HTTPBackend(base_url=vllm_server.base_url).run(wl, warmup=False)
-    assert online.outputs() == offline.outputs()  # vLLM's server and the lab engine: identical greedy tokens
+    from lab_utils.checks.teacher_forced import compare_greedy_runs
+    from lab_utils.models.loader import load_model
+
+    model, _ = load_model("smollm2-135m", device="cpu")
+    runs = compare_greedy_runs(model, {r.request_id: r.prompt_token_ids for r in wl.requests}, offline.outputs(),
+                               online.outputs())
+    assert runs.ok, f"vLLM's server vs the lab engine, greedy: {runs.describe()}"  # identical or near-tie partings
 
     text = httpx.get(f"{vllm_server.base_url}/metrics", timeout=10).text
     counts = [float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
