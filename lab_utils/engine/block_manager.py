@@ -63,8 +63,8 @@ class BlockManager:
     def match_prefix(self, req: Request) -> list[int]:
         """Physical blocks already holding this prompt's leading full blocks. At least one prompt token is
         always left to compute, because the step that computes it produces the logits we sample from."""
-        if not self.enable_prefix_caching:
-            return []
+        if not self.enable_prefix_caching or req.params.prompt_logprobs is not None:
+            return []  # a request that wants its prompt's logprobs computes every prompt position
         hits, parent = [], None
         for i in range((req.num_prompt_tokens - 1) // self.block_size):
             ids = tuple(req.prompt_token_ids[i * self.block_size:(i + 1) * self.block_size])

@@ -16,7 +16,8 @@ from lab_utils.engine.kv_cache import KVCache, bytes_per_token, fp8_decode, fp8_
 from lab_utils.engine.model_runner import ModelRunner
 from lab_utils.engine.parts import REFERENCE, EngineParts
 from lab_utils.engine.request import Request, RequestOutput, Status
-from lab_utils.engine.sampler import sample
+from lab_utils.engine.logprobs import record_prompt_logprobs, sampled_logprobs
+from lab_utils.engine.sampler import apply_logit_processors, sample
 from lab_utils.engine.sampling_params import SamplingParams
 from lab_utils.engine.scheduler import Scheduler
 from lab_utils.engine.structured import StructuredOutputs
@@ -163,6 +164,10 @@ class LLMEngine:
             token_ids, text = self._token_ids(prompt), None
         if not token_ids:
             raise ValueError("the prompt is empty: give at least one token")
+        outside = [t for t in params.logit_bias or {} if t >= self.vocab_size]
+        if outside:
+            raise ValueError(f"logit_bias names token id {outside[0]}, outside this model's vocabulary: token ids "
+                             f"must be in [0, {self.vocab_size})")
         rid = request_id if request_id is not None else str(next(self._ids))
         if rid in self.requests:
             raise ValueError(f"request_id {rid!r} is already in use")
@@ -265,21 +270,28 @@ class LLMEngine:
         self.structured.prepare(sched.scheduled, plans)  # grammar masks: filled while the forward runs
         logits, to_sample = self.runner.run(sched.scheduled, sched.num_padding, rows)
         logits = self.structured.apply(logits, to_sample)  # forbidden tokens of constrained rows -> -inf
+        if self.runner.last_prompt_hidden:  # requests that asked for their prompt's logprobs
+            record_prompt_logprobs(self.runner.model, self.runner.last_prompt_hidden)
+        if self.spec is not None:
+            rows = [r for (req, _), r in zip(sched.scheduled, rows) if req in to_sample]
+        logits = apply_logit_processors(logits, to_sample, self.eos_ids, rows)  # only the rows that ask
         for req, n in sched.scheduled:
             req.num_computed_tokens += n
         if self.spec is not None:  # verify the guesses (and roll back the rejected ones) before committing blocks
-            rows = [r for (req, _), r in zip(sched.scheduled, rows) if req in to_sample]
             new_tokens = self.spec.verify(plans, logits, self.runner.last_hidden, to_sample, rows)
         else:
             toks = sample(logits, [r.params for r in to_sample], [r.generator for r in to_sample]) if to_sample else []
             new_tokens = [[tok] for tok in toks]
+        logprobs = sampled_logprobs(logits, to_sample, new_tokens, rows)  # None for requests that did not ask
         for req, _ in sched.scheduled:
             self.block_manager.commit_full_blocks(req)
         t = now()
-        for req, toks in zip(to_sample, new_tokens):
+        for req, toks, lps in zip(to_sample, new_tokens, logprobs):
             reason, emitted = None, []
-            for tok in toks:  # several tokens after a verify step; stop conditions truncate the chain
+            for i, tok in enumerate(toks):  # several tokens after a verify step; stop conditions truncate the chain
                 req.token_ids.append(tok)
+                if lps is not None:
+                    req.logprobs.append(lps[i])
                 req.metrics.token_times.append(t)
                 emitted.append(tok)
                 if req.metrics.first_token_time is None:
@@ -324,8 +336,14 @@ class LLMEngine:
             for s in req.params.stop:
                 if s in text:
                     text = text[:text.index(s)]
-        return RequestOutput(req.request_id, req.prompt, req.prompt_token_ids, req.output_token_ids, text,
-                             finished, req.finish_reason, req.metrics, req.num_cached_tokens, new or [])
+        out = RequestOutput(req.request_id, req.prompt, req.prompt_token_ids, req.output_token_ids, text,
+                            finished, req.finish_reason, req.metrics, req.num_cached_tokens, new or [])
+        if req.logprobs is not None:
+            out.new_logprobs = req.logprobs[len(req.logprobs) - len(out.new_token_ids):]
+            out.logprobs = list(req.logprobs) if finished else None
+        if req.prompt_logprobs is not None and (finished or req.num_output_tokens == len(out.new_token_ids)):
+            out.prompt_logprobs = list(req.prompt_logprobs)
+        return out
 
     # -- warm-up ------------------------------------------------------------------------------------
     def can_warm_up(self) -> bool:

@@ -34,6 +34,8 @@ class ModelRunner:
         # fast paths (lab_utils.engine.accel.cuda_graphs.runner_options): flex attention, decode CUDA graphs
         self.attention_backend, self.graphs = attention_backend, graphs
         self.last_hidden: torch.Tensor | None = None  # final hidden states of the returned rows (speculation)
+        # (request, first position, hidden states of its computed prompt positions) for prompt-logprob requests
+        self.last_prompt_hidden: list[tuple[Request, int, torch.Tensor]] = []
         self.fast_path_error: str | None = None  # the last fast path that failed, and why (the runner fell back)
         self.fast_path_errors: dict[str, str] = {}  # every fast path turned off so far -> why
         # decode rows on a CPU float32 cache: one compiled kernel a layer (cpu_attention), if it could be built
@@ -51,8 +53,11 @@ class ModelRunner:
         `num_padding` extra decode rows (static batching's finished members) are computed and thrown away.
         `num_rows[i]` > 1 returns that many trailing rows for entry i (a speculative verify needs k+1)."""
         ids, pos, ctx_lens, q_lens, tables, last_rows, sample_reqs = [], [], [], [], [], [], []
+        prompt_rows = []  # (request, first position, flat offset, tokens) of prompt chunks whose logprobs are asked
         for i, (req, n) in enumerate(scheduled):
             start = req.num_computed_tokens
+            if req.params.prompt_logprobs is not None and start < req.num_prompt_tokens - 1:
+                prompt_rows.append((req, start, len(ids), n))
             ids.extend(req.token_ids[start:start + n])
             pos.extend(range(start, start + n))
             ctx_lens.append(start + n)
@@ -67,6 +72,7 @@ class ModelRunner:
             ids, pos, ctx_lens, q_lens, tables, last_rows = pad_decode_rows(
                 ids, pos, ctx_lens, q_lens, tables, last_rows, num_padding)
         hidden = self._forward_or_fall_back(ids, pos, ctx_lens, q_lens, tables)
+        self.last_prompt_hidden = [(req, start, hidden[0, off:off + n]) for req, start, off, n in prompt_rows]
         if not last_rows:
             return hidden.new_empty(0, 0), []
         rows = torch.tensor(last_rows, device=self.device)

@@ -73,6 +73,9 @@ class Request:
         self.swapped_kv = None  # host copy of the KV while swapped out
         self.metrics = RequestMetrics(arrival_time)
         self.generator: torch.Generator | None = None
+        # per output token / per prompt token (token 0 has none): a TokenLogprob, kept only if the params ask
+        self.logprobs: list | None = [] if params.logprobs is not None else None
+        self.prompt_logprobs: list | None = [None] if params.prompt_logprobs is not None else None
         if params.seed is not None:
             self.generator = torch.Generator().manual_seed(params.seed)
 
@@ -113,3 +116,8 @@ class RequestOutput:
     metrics: RequestMetrics
     num_cached_tokens: int = 0
     new_token_ids: list[int] = field(default_factory=list)  # tokens produced by this step (streaming)
+    # if the params ask (lab_utils.engine.logprobs.TokenLogprob): the new tokens', every output token's (once
+    # finished), the prompt's (with the first token and once finished; entry 0 is None)
+    new_logprobs: list | None = None
+    logprobs: list | None = None
+    prompt_logprobs: list | None = None

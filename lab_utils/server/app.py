@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import time
 import uuid
 from typing import Annotated, Any, Literal
@@ -18,14 +19,16 @@ from typing import Annotated, Any, Literal
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, StringConstraints, ValidationInfo, field_validator
+from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, StrictFloat, StrictInt, StringConstraints,
+                      ValidationInfo, field_validator)
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from lab_utils.engine.engine import LLMEngine
-from lab_utils.engine.sampling_params import MAX_STOP_STRINGS, SEED_RANGE, SamplingParams
+from lab_utils.engine.sampling_params import MAX_LOGIT_BIAS, MAX_STOP_STRINGS, PENALTY_RANGE, SEED_RANGE, SamplingParams
 from lab_utils.engine.structured import DEAD_END
 from lab_utils.server.async_engine import AsyncEngine, EngineDeadError, QueueFullError, Stream
 from lab_utils.server.guard import DEFAULT_MAX_BODY_BYTES, RequestGuard
+from lab_utils.server.logprobs import StreamLogprobs, TokenTexts, chat_logprobs, completion_logprobs
 from lab_utils.server.metrics import ServerMetrics
 from lab_utils.server.offload import COMPILE_TIMEOUT_S, CompilerBusy, Offload, SchemaTooComplex
 from lab_utils.server.stream_text import StreamText
@@ -46,11 +49,23 @@ class APIError(Exception):
 
 # -- request bodies: one field per line, so new ones (response_format, tools, ...) are one line each ----------
 StopString = Annotated[str, StringConstraints(min_length=1, max_length=256)]
-# OpenAI fields this server does not implement, with the values that ask for nothing (accepted); any other value
-# is a 400 naming the field, never silently ignored
-NOT_IMPLEMENTED = {"logprobs": (False,), "top_logprobs": (0,), "echo": (False,), "logit_bias": ({},),
-                   "frequency_penalty": (0,), "presence_penalty": (0,), "repetition_penalty": (1,),
-                   "min_tokens": (0,), "best_of": (1,), "suffix": ("",)}
+# OpenAI fields this server does not implement (top_logprobs on /v1/completions, echo on chat: not fields of those
+# endpoints), with the values that ask for nothing (accepted); any other value is a 400 naming the field, never
+# silently ignored
+NOT_IMPLEMENTED = {"best_of": (1,), "suffix": ("",), "top_logprobs": (0,), "echo": (False,)}
+
+
+def _refuse(v, info: ValidationInfo):
+    neutral = NOT_IMPLEMENTED[info.field_name]
+    if v is None or (type(v) is not bool or type(neutral[0]) is bool) and v in neutral:
+        return None
+    raise ValueError(f"{v!r} is not supported by this server; omit {info.field_name} or send "
+                     f"{json.dumps(neutral[0])}")
+
+
+Unsupported = Annotated[Any, BeforeValidator(_refuse)]
+Penalty = Annotated[StrictFloat | None, Field(default=None, ge=PENALTY_RANGE[0], le=PENALTY_RANGE[1],
+                                              allow_inf_nan=False, description="in [-2, 2]; 0 or null: off")]
 
 
 class _Common(BaseModel):
@@ -67,29 +82,44 @@ class _Common(BaseModel):
     ignore_eos: bool = False
     n: int = Field(default=1, ge=1, le=1, description="one choice per request")
     response_format: ResponseFormat | None = None  # {"type": "json_object"} | {"type": "json_schema", ...}
-    logprobs: Any = None
-    top_logprobs: Any = None
-    echo: Any = None
-    logit_bias: Any = None
-    frequency_penalty: Any = None
-    presence_penalty: Any = None
-    repetition_penalty: Any = None
-    min_tokens: Any = None
-    best_of: Any = None
-    suffix: Any = None
+    # the sampler's logit processors (vLLM's definitions; docs/SERVER.md)
+    logit_bias: dict[int, float] | None = Field(default=None, description="token id (a string) -> bias in [-100, 100]")
+    frequency_penalty: Penalty
+    presence_penalty: Penalty
+    repetition_penalty: StrictFloat | None = Field(default=None, gt=0.0, allow_inf_nan=False,
+                                                   description="> 0; 1 or null: off (vLLM's)")
+    min_tokens: StrictInt | None = Field(default=None, ge=0, description="at most max_tokens (vLLM's)")
+    best_of: Unsupported = None
+    suffix: Unsupported = None
 
-    @field_validator(*NOT_IMPLEMENTED, mode="before")
+    @field_validator("logit_bias", mode="before")
     @classmethod
-    def _not_implemented(cls, v, info: ValidationInfo):
-        neutral = NOT_IMPLEMENTED[info.field_name]
-        if v is None or (type(v) is not bool or type(neutral[0]) is bool) and v in neutral:
+    def _logit_bias(cls, v):
+        """One message naming the bad entry (param `logit_bias`), not pydantic's per-key errors."""
+        if v is None:
             return None
-        raise ValueError(f"{v!r} is not supported by this server; omit {info.field_name} or send "
-                         f"{json.dumps(neutral[0])}")
+        if not isinstance(v, dict):
+            raise ValueError("must be an object mapping token ids (as strings) to a bias in [-100, 100]")
+        out = {}
+        for key, bias in v.items():
+            try:
+                token = int(key)
+            except (TypeError, ValueError):
+                raise ValueError(f"key {key!r} is not a token id: keys are token ids such as \"50256\"") from None
+            if token < 0:
+                raise ValueError(f"key {key!r} is not a token id: token ids are >= 0")
+            if type(bias) not in (int, float) or not math.isfinite(bias) or abs(bias) > MAX_LOGIT_BIAS:
+                raise ValueError(f"{key}: {bias!r} is not a bias: send a number in [-100, 100]")
+            out[token] = float(bias)
+        return out
 
 
 class CompletionRequest(_Common):
     prompt: Annotated[str, StringConstraints(min_length=1)] | Annotated[list[int], Field(min_length=1)]
+    logprobs: StrictInt | None = Field(default=None, ge=0, le=5, description="logprobs of each token and of the "
+                                       "k most likely (0-5)")
+    echo: bool = Field(default=False, description="the prompt (and its logprobs) before the completion")
+    top_logprobs: Unsupported = None  # chat's field: here `logprobs` is the count
 
     @field_validator("prompt", mode="before")
     @classmethod
@@ -110,6 +140,16 @@ class ChatRequest(_Common):
     tools: list[Tool] | None = Field(default=None, max_length=128)
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool | None = None
+    logprobs: bool = False
+    top_logprobs: StrictInt | None = Field(default=None, ge=0, le=20, description="needs logprobs: true")
+    echo: Unsupported = None  # a completions field
+
+    @field_validator("top_logprobs")
+    @classmethod
+    def _top_logprobs_need_logprobs(cls, v, info: ValidationInfo):
+        if v and not info.data.get("logprobs"):
+            raise ValueError("top_logprobs needs logprobs: true")
+        return v
 
 
 def create_app(engine: LLMEngine, model_name: str, max_tokens_cap: int = 1024, api_key: str | None = None,
@@ -124,6 +164,7 @@ def create_app(engine: LLMEngine, model_name: str, max_tokens_cap: int = 1024, a
     aengine = AsyncEngine(engine, max_waiting=max_waiting)
     offload = Offload(engine, compile_timeout_s)  # schema compilation, long texts' tokenisation: off the loop
     metrics = ServerMetrics(engine)
+    token_texts = TokenTexts(engine.tokenizer)  # token id -> text and bytes, for logprobs
     stream_fn, stream_parts = load_stream_part(learner_parts)
     metrics.learner_parts(sorted({*stream_parts, *(n for n in engine.parts.overrides if not n.startswith("server."))}))
     aengine.on_output = metrics.observe
@@ -175,10 +216,23 @@ def create_app(engine: LLMEngine, model_name: str, max_tokens_cap: int = 1024, a
 
     def to_params(req: _Common, max_tokens: int | None, structured: dict | None = None) -> SamplingParams:
         stop = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
+        outside = [t for t in req.logit_bias or {} if t >= engine.vocab_size]
+        if outside:
+            raise APIError(400, f"logit_bias: token id {outside[0]} is outside this model's vocabulary: token ids "
+                                f"are in [0, {engine.vocab_size})", param="logit_bias")
+        if isinstance(req, ChatRequest):
+            logprobs, prompt_logprobs = (req.top_logprobs or 0) if req.logprobs else None, None
+        else:
+            logprobs, prompt_logprobs = req.logprobs, req.logprobs if req.echo else None
         try:
             return SamplingParams(max_tokens=min(max_tokens or 16, max_tokens_cap), temperature=req.temperature,
                                   top_p=req.top_p, top_k=max(req.top_k, 0), seed=req.seed, stop=stop,
-                                  ignore_eos=req.ignore_eos, structured_output=structured)
+                                  ignore_eos=req.ignore_eos, structured_output=structured,
+                                  logit_bias=req.logit_bias, min_tokens=req.min_tokens or 0,
+                                  repetition_penalty=1.0 if req.repetition_penalty is None else req.repetition_penalty,
+                                  frequency_penalty=req.frequency_penalty or 0.0,
+                                  presence_penalty=req.presence_penalty or 0.0,
+                                  logprobs=logprobs, prompt_logprobs=prompt_logprobs)
         except ValueError as exc:  # "SamplingParams.<field>=<value> is invalid: must be ..."
             message = str(exc).removeprefix("SamplingParams.")
             raise APIError(400, message, param=message.split("=")[0]) from None
@@ -257,11 +311,13 @@ def create_app(engine: LLMEngine, model_name: str, max_tokens_cap: int = 1024, a
         return {"object": "list", "data": [{"id": model_name, "object": "model", "owned_by": "lab_utils",
                                             "max_model_len": engine.max_model_len}]}
 
-    async def sse(stream: Stream, stops: list[str], kind: str, rid: str, created: int, grammar: str | None):
+    async def sse(stream: Stream, stops: list[str], kind: str, rid: str, created: int, grammar: str | None,
+                  echo: str | None = None):
         """SSE lines in OpenAI's chunk format, from the streaming loop (`streaming.stream_sse`, or the learner's);
         the chunks' text adds up to the non-streamed text."""
         text = StreamText(engine.tokenizer, stops)
         obj = "chat.completion.chunk" if kind == "chat" else "text_completion"
+        extra = StreamLogprobs(token_texts, kind, echo)  # each chunk's logprobs; the echoed prompt on the first
 
         def to_chunk(out) -> dict:
             if out.finished and out.finish_reason == DEAD_END:
@@ -272,11 +328,14 @@ def create_app(engine: LLMEngine, model_name: str, max_tokens_cap: int = 1024, a
             delta = text.delta(out.new_token_ids)
             if out.finished:
                 delta += text.final(out.text)
+            prefix, logprobs = extra.take(out)
+            delta = prefix + delta
             if kind == "chat":
                 choice = {"index": 0, "delta": {"content": delta}, "finish_reason": None}
             else:
                 choice = {"index": 0, "text": delta, "finish_reason": None}
             choice["token_ids"] = out.new_token_ids  # as vLLM's return_token_ids: exact token accounting
+            choice["logprobs"] = logprobs
             if out.finished:
                 choice["finish_reason"] = _finish(out.finish_reason)
             chunk = {"id": rid, "object": obj, "created": created, "model": model_name, "choices": [choice]}
@@ -298,12 +357,13 @@ def create_app(engine: LLMEngine, model_name: str, max_tokens_cap: int = 1024, a
             yield "data: [DONE]\n\n"
 
     async def complete(raw: Request, ids: list[int], params: SamplingParams, kind: str, stream: bool, param: str,
-                       mode: str | None = None, tools: list[Tool] | None = None):
+                       mode: str | None = None, tools: list[Tool] | None = None, echo: str | None = None):
+        """`echo`: the prompt's text, put before the completion's (its logprobs too, if asked)."""
         handle = submit(ids, params, param)
         rid, created = f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{uuid.uuid4().hex[:16]}", int(time.time())
         grammar = grammar_param(mode) if params.structured_output is not None else None
         if stream:
-            return StreamingResponse(sse(handle, params.stop, kind, rid, created, grammar),
+            return StreamingResponse(sse(handle, params.stop, kind, rid, created, grammar, echo),
                                      media_type="text/event-stream")
         final = await until_done_or_gone(raw, handle)
         if final is None:  # the client left: its request was aborted, its KV blocks are free
@@ -316,13 +376,30 @@ def create_app(engine: LLMEngine, model_name: str, max_tokens_cap: int = 1024, a
             raise APIError(400, final.finish_reason, param=param)
         if kind == "chat":
             message, finish = chat_reply(final.text, mode, tools, _finish(final.finish_reason))  # tool_calls
-            choice = {"index": 0, "message": message, "finish_reason": finish}
+            choice = {"index": 0, "message": message, "finish_reason": finish,
+                      "logprobs": None if final.logprobs is None else chat_logprobs(final.logprobs, token_texts)}
             obj = "chat.completion"
         else:
-            choice = {"index": 0, "text": final.text, "finish_reason": _finish(final.finish_reason)}
+            choice = {"index": 0, "text": (echo or "") + final.text, "finish_reason": _finish(final.finish_reason),
+                      "logprobs": completion_choice_logprobs(final, echo is not None)}
             obj = "text_completion"
         return {"id": rid, "object": obj, "created": created, "model": model_name, "choices": [choice],
                 "usage": _usage(final)}
+
+    def prompt_text(ids: list[int]) -> str:
+        """Token ids as text, for echo (ids outside the vocabulary: "", and the engine refuses the request)."""
+        try:
+            return engine.tokenizer.decode(ids)
+        except (OverflowError, TypeError, ValueError):
+            return ""
+
+    def completion_choice_logprobs(out, echo: bool) -> dict | None:
+        if out.logprobs is None:
+            return None
+        ids, entries = list(out.token_ids), list(out.logprobs)
+        if echo:
+            ids, entries = out.prompt_token_ids + ids, out.prompt_logprobs + entries
+        return completion_logprobs(ids, entries, token_texts)[0]
 
     async def until_done_or_gone(raw: Request, handle: Stream):
         """The request's last output, or None if its client disconnected first (then the request is aborted
@@ -356,7 +433,9 @@ def create_app(engine: LLMEngine, model_name: str, max_tokens_cap: int = 1024, a
     async def completions(req: CompletionRequest, raw: Request):
         check_model(req.model)
         params = to_params(req, req.max_tokens, await constraint(req))
-        return await complete(raw, await token_ids(req.prompt, "prompt"), params, "text", req.stream, "prompt")
+        ids = await token_ids(req.prompt, "prompt")
+        echo = (req.prompt if isinstance(req.prompt, str) else prompt_text(ids)) if req.echo else None
+        return await complete(raw, ids, params, "text", req.stream, "prompt", echo=echo)
 
     @app.post("/v1/chat/completions")
     async def chat(req: ChatRequest, raw: Request):

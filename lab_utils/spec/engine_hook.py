@@ -106,7 +106,10 @@ class SpecDecoder:
         entry, how many trailing rows of logits the runner must return (1 + guesses for a verify)."""
         plans, rows = {}, []
         for i, (req, n) in enumerate(scheduled):
-            is_decode = n == 1 and req.num_computed_tokens == req.num_tokens - 1 and not req.is_prefill
+            # a request with logit processors decodes one token at a time: its penalties depend on every token
+            # before, so the target's rows for later guesses would be scored without the guesses before them
+            is_decode = (n == 1 and req.num_computed_tokens == req.num_tokens - 1 and not req.is_prefill
+                         and not req.params.processes_logits)
             k = min(self.k, budget, req.params.max_tokens - req.num_output_tokens - 1,
                     self.max_model_len - req.num_tokens - 1) if is_decode else 0
             prop = self._propose(req, k) if k > 0 else None
