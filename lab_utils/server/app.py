@@ -28,6 +28,7 @@ from lab_utils.engine.sampling_params import MAX_LOGIT_BIAS, MAX_STOP_STRINGS, P
 from lab_utils.engine.structured import DEAD_END
 from lab_utils.server.async_engine import AsyncEngine, EngineDeadError, QueueFullError, Stream
 from lab_utils.server.guard import DEFAULT_MAX_BODY_BYTES, RequestGuard
+from lab_utils.server.messages import ROLES, ChatMessage, ConversationError, check_conversation, for_template, size_of
 from lab_utils.server.logprobs import StreamLogprobs, TokenTexts, chat_logprobs, completion_logprobs
 from lab_utils.server.metrics import ServerMetrics
 from lab_utils.server.offload import COMPILE_TIMEOUT_S, CompilerBusy, Offload, SchemaTooComplex
@@ -129,13 +130,10 @@ class CompletionRequest(_Common):
         raise ValueError("must be a non-empty string or a non-empty list of token ids (ints); one prompt per request")
 
 
-class ChatMessage(BaseModel):
-    role: Literal["system", "user", "assistant"]
-    content: str
-
-
 class ChatRequest(_Common):
-    messages: list[ChatMessage] = Field(min_length=1)
+    messages: list[ChatMessage] = Field(min_length=1, description="system, developer, user, assistant (content "
+                                        "null with tool_calls) and tool (with tool_call_id) messages; content a "
+                                        "string or a list of text parts")
     max_completion_tokens: StrictInt | None = Field(default=None, ge=1)
     tools: list[Tool] | None = Field(default=None, max_length=128)
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
@@ -199,7 +197,9 @@ def create_app(engine: LLMEngine, model_name: str, max_tokens_cap: int = 1024, a
     async def _bad_request(_: Request, exc: RequestValidationError):
         parts, params = [], []
         for e in exc.errors():
-            where = ".".join(str(x) for x in e.get("loc", []) if x != "body")
+            loc = [x for x in e.get("loc", []) if x != "body"]
+            # a message's errors: drop the role tag pydantic puts after its index (messages.0.user.content)
+            where = ".".join(str(x) for i, x in enumerate(loc) if not (x in ROLES and i and type(loc[i - 1]) is int))
             if e.get("type") == "json_invalid":
                 where = ""  # the body itself: loc holds the character position
             params.append(where or None)
@@ -447,11 +447,14 @@ def create_app(engine: LLMEngine, model_name: str, max_tokens_cap: int = 1024, a
         if mode is not None and req.stream:
             raise APIError(400, "stream=true with tools is not supported by this server: send stream=false",
                            param="stream")
+        try:
+            check_conversation(req.messages)  # each tool message answers a call made just before it
+        except ConversationError as exc:
+            raise APIError(400, str(exc), param=exc.param) from None
         params = to_params(req, req.max_completion_tokens or req.max_tokens, await constraint(req, mode))
-        msgs = [m.model_dump() for m in req.messages]
+        msgs = for_template(req.messages)
         try:  # tools shown to the model; a long conversation is rendered in a worker thread
-            prompt = await offload.run(render_chat, engine.tokenizer, msgs, req.tools, mode,
-                                       size=sum(len(m["content"]) for m in msgs))
+            prompt = await offload.run(render_chat, engine.tokenizer, msgs, req.tools, mode, size=size_of(msgs))
         except Exception as exc:  # noqa: BLE001 - a template that refuses these messages is the client's problem
             raise APIError(400, f"the chat template refused these messages ({type(exc).__name__}: {exc}); check "
                                 f"the roles' order and the contents' text", param="messages") from None

@@ -127,20 +127,94 @@ def tool_schema(tool: Tool) -> dict:
 
 
 # -- the prompt -----------------------------------------------------------------------------------------------
+TOOLS_SYSTEM = ("You may call functions. They are listed as JSON inside <tools></tools>:\n<tools>\n{lines}\n</tools>\n"
+                "To call one, reply with <tool_call>{{\"name\": <function name>, \"arguments\": <arguments object>}}"
+                "</tool_call>.")
+
+
 def render_chat(tokenizer, messages: list[dict], tools: list[Tool] | None, mode: str | None) -> str:
-    """The chat prompt, with the tools shown to the model when it must choose or fill them."""
-    if mode is None:
-        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-    specs = [t.model_dump(exclude_none=True) for t in tools]
-    prompt = tokenizer.apply_chat_template(messages, tools=specs, tokenize=False, add_generation_prompt=True)
-    if all(t.function.name in prompt for t in tools):
-        return prompt  # the template placed them
-    lines = "\n".join(json.dumps(s) for s in specs)
-    system = ("You may call functions. They are listed as JSON inside <tools></tools>:\n<tools>\n" + lines +
-              "\n</tools>\nTo call one, reply with <tool_call>{\"name\": <function name>, \"arguments\": "
-              "<arguments object>}</tool_call>.")
-    return tokenizer.apply_chat_template([{"role": "system", "content": system}, *messages], tokenize=False,
-                                         add_generation_prompt=True)
+    """The chat prompt (`messages` as `messages.for_template` gives them), with the tools shown to the model
+    when it must choose or fill them. A template that knows tool calls and tool results renders them itself;
+    for one that does not (it fails on them, or leaves them out), they are written in the Hermes format the
+    tools' system message asks the model to use: `<tool_call>{...}</tool_call>` in the assistant's turn and
+    `<tool_response>...</tool_response>` in a user turn."""
+    specs = [t.model_dump(exclude_none=True) for t in tools] if mode is not None else None
+    try:
+        prompt = _apply(tokenizer, messages, None)
+        if _shows_tool_turns(prompt, messages):
+            return prompt if specs is None else _with_tools(tokenizer, messages, specs, prompt) or \
+                _apply(tokenizer, _tools_system(specs, messages), None)
+    except Exception:  # noqa: BLE001 - a template without tool turns (e.g. content None): the Hermes text below
+        if not any(m.get("tool_calls") or m["role"] == "tool" for m in messages):
+            raise  # the template refuses these messages for another reason: the client's to fix
+    hermes = _hermes_turns(messages)
+    if specs is None:
+        return _apply(tokenizer, hermes, None)
+    return _with_tools(tokenizer, hermes, specs, _apply(tokenizer, hermes, None)) or \
+        _apply(tokenizer, _tools_system(specs, hermes), None)
+
+
+def _with_tools(tokenizer, messages: list[dict], specs: list[dict], plain: str) -> str | None:
+    """The prompt with the template's own place for `tools`, None if it has none (it ignores or refuses them)."""
+    try:
+        prompt = _apply(tokenizer, messages, specs)
+    except Exception:  # noqa: BLE001 - a template that refuses `tools`
+        return None
+    placed = prompt != plain and all(s["function"]["name"] in prompt for s in specs)
+    return prompt if placed else None
+
+
+def _tools_system(specs: list[dict], messages: list[dict]) -> list[dict]:
+    """The tools in a system message of their own, after the client's system text when there is one."""
+    tools = TOOLS_SYSTEM.format(lines="\n".join(json.dumps(s) for s in specs))
+    if messages and messages[0]["role"] == "system":
+        return [{**messages[0], "content": f"{messages[0]['content']}\n\n{tools}"}, *messages[1:]]
+    return [{"role": "system", "content": tools}, *messages]
+
+
+def _apply(tokenizer, messages: list[dict], specs: list[dict] | None) -> str:
+    extra = {} if specs is None else {"tools": specs}
+    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True, **extra)
+
+
+def _shows_tool_turns(prompt: str, messages: list[dict]) -> bool:
+    """Whether the template wrote every tool call's name and arguments and every tool result into the prompt."""
+    for m in messages:
+        for c in m.get("tool_calls") or []:
+            args = c["function"]["arguments"]
+            if c["function"]["name"] not in prompt or not _written(args, prompt):
+                return False
+        if m["role"] == "tool" and (m["content"] or "") not in prompt:
+            return False
+    return True
+
+
+def _written(args, prompt: str) -> bool:
+    if isinstance(args, str):
+        return args in prompt
+    return all(json.dumps(v)[:40].strip('"') in prompt for v in (args.values() if isinstance(args, dict) else [args]))
+
+
+def _hermes_turns(messages: list[dict]) -> list[dict]:
+    """Tool calls and results as text, in the Hermes format (as Qwen's and NousResearch's templates write them):
+    consecutive tool results share one user turn."""
+    out: list[dict] = []
+    for m in messages:
+        if m["role"] == "tool":
+            block = f"<tool_response>\n{m['content']}\n</tool_response>"
+            if out and out[-1].get("_tool_results"):
+                out[-1]["content"] += "\n" + block
+            else:
+                out.append({"role": "user", "content": block, "_tool_results": True})
+            continue
+        d = {k: v for k, v in m.items() if k not in ("tool_calls", "tool_call_id", "name")}
+        if m.get("tool_calls"):
+            calls = "\n".join("<tool_call>\n" + json.dumps({"name": c["function"]["name"],
+                                                            "arguments": c["function"]["arguments"]}) + "\n</tool_call>"
+                              for c in m["tool_calls"])
+            d["content"] = f"{m['content']}\n{calls}" if m.get("content") else calls
+        out.append(d)
+    return [{k: v for k, v in m.items() if k != "_tool_results"} for m in out]
 
 
 # -- the reply --------------------------------------------------------------------------------------------------
