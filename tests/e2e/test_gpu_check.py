@@ -94,8 +94,9 @@ def test_a_killed_stage_keeps_the_rows_it_wrote(tmp_path):
     assert "1 rows kept" in st["error"] and "throughput" in gc.table(tmp_path)
 
 
-def test_timed_steps_must_hold_the_whole_batch_and_fast_path_fallbacks_fail():
+def test_timed_steps_must_hold_the_whole_batch_and_fast_path_fallbacks_fail(monkeypatch):
     from lab_utils import EngineConfig, LLMEngine, load_model
+    from lab_utils.bench import decode_window as dw
 
     gc = _gpu_check()
     model, tok = load_model("tiny-random", device="cpu")
@@ -105,13 +106,9 @@ def test_timed_steps_must_hold_the_whole_batch_and_fast_path_fallbacks_fail():
     assert w["replay_s"] is None  # no captured graph on a CPU
     gc.require_fast_paths(eng, eager=False)
     # requests that end inside the window would shrink the batch: the step log catches it
-    real = gc.window_tokens
-    gc.window_tokens = lambda *a, **k: 3
-    try:
-        with pytest.raises(AssertionError, match="not all 4 decode rows"):
-            gc.decode_window(eng, 4, 16, 3)
-    finally:
-        gc.window_tokens = real
+    monkeypatch.setattr(dw, "window_tokens", lambda *a, **k: 3)
+    with pytest.raises(AssertionError, match="not all 4 decode rows"):
+        gc.decode_window(eng, 4, 16, 3)
     eng.runner.fast_path_errors["flex"] = "LoweringException: ..."
     with pytest.raises(AssertionError, match="fell back"):
         gc.require_fast_paths(eng, eager=False)
