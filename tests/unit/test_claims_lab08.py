@@ -6,6 +6,7 @@ import copy
 import pytest
 
 from lab_utils.checks import lab08
+from lab_utils.checks.teacher_forced import GreedyRuns
 
 BUDGET = 32
 
@@ -32,7 +33,7 @@ def good() -> dict:
     rows.append(_row("lab", "tight KV, bf16", kv_blocks=8))
     goodput = {(e, c): v for e in ("lab", "vllm") for c, v in (("base", 1.2), ("max_num_seqs=1", 0.3))}
     return dict(rows=rows, engines=["lab", "vllm"], goodput=goodput, small_budget=BUDGET, max_num_seqs=8,
-                auto_bytes=4, agree=0.875, sweep={"best": 8, "table": {1: 0.3, 4: 0.9, 8: 1.2}})
+                auto_bytes=4, agree=GreedyRuns(total=8, identical=7, near_ties={"3": 2e-4}), sweep={"best": 8, "table": {1: 0.3, 4: 0.9, 8: 1.2}})
 
 
 def test_a_good_run_passes(capsys):
@@ -83,8 +84,8 @@ def test_goodput_and_agreement_fail_when_wrong():
     with pytest.raises(AssertionError, match="goodput under SLOs"):
         lab08.assert_claims(r, show=False)
     r = good()
-    r["agree"] = 0.5
-    with pytest.raises(AssertionError, match="agree on 50%"):
+    r["agree"] = GreedyRuns(total=8, identical=6, near_ties={"3": 2e-4}, partings={"5": 1.7})  # a real difference
+    with pytest.raises(AssertionError, match="1 parted where the model was sure: 5"):
         lab08.assert_claims(r, show=False)
 
 
