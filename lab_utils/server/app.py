@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import math
 import time
 import uuid
@@ -28,12 +29,12 @@ from lab_utils.engine.sampling_params import MAX_LOGIT_BIAS, MAX_STOP_STRINGS, P
 from lab_utils.engine.structured import DEAD_END
 from lab_utils.server.async_engine import AsyncEngine, EngineDeadError, QueueFullError, Stream
 from lab_utils.server.guard import DEFAULT_MAX_BODY_BYTES, RequestGuard
-from lab_utils.server.messages import ROLES, ChatMessage, ConversationError, check_conversation, for_template, size_of
 from lab_utils.server.logprobs import StreamLogprobs, TokenTexts, chat_logprobs, completion_logprobs
+from lab_utils.server.messages import ROLES, ChatMessage, ConversationError, check_conversation, for_template, size_of
 from lab_utils.server.metrics import ServerMetrics
 from lab_utils.server.offload import COMPILE_TIMEOUT_S, CompilerBusy, Offload, SchemaTooComplex
 from lab_utils.server.stream_text import StreamText
-from lab_utils.server.streaming import load_stream_part
+from lab_utils.server.streaming import StreamOptions, load_stream_part, openai_framing
 from lab_utils.server.tools import (NamedToolChoice, ResponseFormat, Tool, ToolRequestError, chat_reply, render_chat,
                                     structured_output, tool_mode, tool_schema)
 
@@ -80,6 +81,9 @@ class _Common(BaseModel):
     seed: int | None = Field(default=None, ge=SEED_RANGE[0], le=SEED_RANGE[1])
     stop: StopString | Annotated[list[StopString], Field(max_length=MAX_STOP_STRINGS)] | None = None
     stream: bool = False
+    stream_options: StreamOptions | None = Field(default=None, description="only with stream: true")
+    return_token_ids: bool = Field(default=False, description="vLLM's: each choice carries its token ids (each "
+                                                              "chunk the new ones), and the prompt's are returned")
     ignore_eos: bool = False
     n: int = Field(default=1, ge=1, le=1, description="one choice per request")
     response_format: ResponseFormat | None = None  # {"type": "json_object"} | {"type": "json_schema", ...}
@@ -191,20 +195,24 @@ def create_app(engine: LLMEngine, model_name: str, max_tokens_cap: int = 1024, a
         kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
         why = {404: f"{request.url.path} is not an endpoint of this server (see /docs)",
                405: f"{request.method} is not allowed on {request.url.path}"}.get(exc.status_code, str(exc.detail))
+        if exc.status_code == 400:  # the body could not be parsed at all (not UTF-8, nested too deep, ...)
+            why += "; send a JSON object as the body (Content-Type: application/json)"
         return error(exc.status_code, why, kind, None, dict(exc.headers or {}) or None)
+
+    @app.exception_handler(Exception)
+    async def _unexpected(_: Request, exc: Exception):  # a bug: still OpenAI's error object, never a bare text
+        return error(500, f"the server failed on this request ({type(exc).__name__}: {exc})", "server_error")
 
     @app.exception_handler(RequestValidationError)
     async def _bad_request(_: Request, exc: RequestValidationError):
         parts, params = [], []
         for e in exc.errors():
-            loc = [x for x in e.get("loc", []) if x != "body"]
-            # a message's errors: drop the role tag pydantic puts after its index (messages.0.user.content)
-            where = ".".join(str(x) for i, x in enumerate(loc) if not (x in ROLES and i and type(loc[i - 1]) is int))
+            where = _where(e.get("loc", []))
             if e.get("type") == "json_invalid":
                 where = ""  # the body itself: loc holds the character position
             params.append(where or None)
             parts.append(f"{where or 'body'}: {e.get('msg')}")
-        if any(e.get("type") == "json_invalid" for e in exc.errors()):
+        if any(e.get("type") == "json_invalid" or not _where(e.get("loc", [])) for e in exc.errors()):
             parts.append("send a JSON object as the body (Content-Type: application/json)")
         return error(400, "; ".join(dict.fromkeys(parts)) or "invalid request", "invalid_request_error",
                      params[0] if params else None)
@@ -312,9 +320,14 @@ def create_app(engine: LLMEngine, model_name: str, max_tokens_cap: int = 1024, a
                                             "max_model_len": engine.max_model_len}]}
 
     async def sse(stream: Stream, stops: list[str], kind: str, rid: str, created: int, grammar: str | None,
-                  echo: str | None = None):
+                  echo: str | None = None, req: _Common | None = None, prompt_ids: list[int] | None = None):
         """SSE lines in OpenAI's chunk format, from the streaming loop (`streaming.stream_sse`, or the learner's);
-        the chunks' text adds up to the non-streamed text."""
+        the chunks' text adds up to the non-streamed text. A chat stream starts with the role chunk; the usage
+        comes as a last chunk of its own when `stream_options.include_usage` asks for it; token ids come when
+        `return_token_ids` asks for them."""
+        include_usage = bool(req and req.stream_options and req.stream_options.include_usage)
+        with_ids = bool(req and req.return_token_ids)
+        final_usage: dict = {}
         text = StreamText(engine.tokenizer, stops)
         obj = "chat.completion.chunk" if kind == "chat" else "text_completion"
         extra = StreamLogprobs(token_texts, kind, echo)  # each chunk's logprobs; the echoed prompt on the first
@@ -334,18 +347,38 @@ def create_app(engine: LLMEngine, model_name: str, max_tokens_cap: int = 1024, a
                 choice = {"index": 0, "delta": {"content": delta}, "finish_reason": None}
             else:
                 choice = {"index": 0, "text": delta, "finish_reason": None}
-            choice["token_ids"] = out.new_token_ids  # as vLLM's return_token_ids: exact token accounting
+            if with_ids:  # vLLM's return_token_ids: exact token accounting
+                if kind != "chat" and "prompt_ids_sent" not in final_usage:  # a completion's first chunk
+                    choice["prompt_token_ids"] = final_usage["prompt_ids_sent"] = prompt_ids
+                choice["token_ids"] = out.new_token_ids
             choice["logprobs"] = logprobs
             if out.finished:
                 choice["finish_reason"] = _finish(out.finish_reason)
             chunk = {"id": rid, "object": obj, "created": created, "model": model_name, "choices": [choice]}
+            if include_usage:
+                chunk["usage"] = None  # OpenAI: null on every chunk but the last
             if out.finished:
-                chunk["usage"] = _usage(out)
+                final_usage["usage"] = _usage(out)
             return chunk
 
+        def head(**fields) -> dict:
+            return {"id": rid, "object": obj, "created": created, "model": model_name, **fields}
+
+        first = None
+        if kind == "chat":
+            first = head(choices=[{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                                   "finish_reason": None}])
+            if with_ids:
+                first["prompt_token_ids"] = prompt_ids
+            if include_usage:
+                first["usage"] = None
+
+        def usage_chunk() -> dict | None:
+            return head(choices=[], usage=final_usage["usage"]) if include_usage and "usage" in final_usage else None
+
         try:
-            async for line in stream_fn(aengine.outputs(stream, abort_on_exit=False), to_chunk,
-                                        lambda: aengine.abort(stream.request_id)):
+            async for line in openai_framing(stream_fn(aengine.outputs(stream, abort_on_exit=False), to_chunk,
+                                                       lambda: aengine.abort(stream.request_id)), first, usage_chunk):
                 yield line
         except EngineDeadError as exc:
             yield f"data: {json.dumps({'error': {'message': str(exc), 'type': 'server_error', 'param': None, 'code': None}})}\n\n"
@@ -356,14 +389,16 @@ def create_app(engine: LLMEngine, model_name: str, max_tokens_cap: int = 1024, a
             yield f"data: {json.dumps({'error': {'message': why, 'type': 'server_error', 'param': None, 'code': None}})}\n\n"
             yield "data: [DONE]\n\n"
 
-    async def complete(raw: Request, ids: list[int], params: SamplingParams, kind: str, stream: bool, param: str,
+    async def complete(raw: Request, ids: list[int], params: SamplingParams, kind: str, req: _Common, param: str,
                        mode: str | None = None, tools: list[Tool] | None = None, echo: str | None = None):
         """`echo`: the prompt's text, put before the completion's (its logprobs too, if asked)."""
+        if req.stream_options is not None and not req.stream:
+            raise APIError(400, "stream_options is only allowed with stream: true", param="stream_options")
         handle = submit(ids, params, param)
         rid, created = f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{uuid.uuid4().hex[:16]}", int(time.time())
         grammar = grammar_param(mode) if params.structured_output is not None else None
-        if stream:
-            return StreamingResponse(sse(handle, params.stop, kind, rid, created, grammar, echo),
+        if req.stream:
+            return StreamingResponse(sse(handle, params.stop, kind, rid, created, grammar, echo, req, ids),
                                      media_type="text/event-stream")
         final = await until_done_or_gone(raw, handle)
         if final is None:  # the client left: its request was aborted, its KV blocks are free
@@ -383,8 +418,12 @@ def create_app(engine: LLMEngine, model_name: str, max_tokens_cap: int = 1024, a
             choice = {"index": 0, "text": (echo or "") + final.text, "finish_reason": _finish(final.finish_reason),
                       "logprobs": completion_choice_logprobs(final, echo is not None)}
             obj = "text_completion"
-        return {"id": rid, "object": obj, "created": created, "model": model_name, "choices": [choice],
+        body = {"id": rid, "object": obj, "created": created, "model": model_name, "choices": [choice],
                 "usage": _usage(final)}
+        if req.return_token_ids:  # vLLM's places: the prompt's ids on the response (chat) or the choice
+            choice["token_ids"] = list(final.token_ids)
+            (body if kind == "chat" else choice)["prompt_token_ids"] = list(final.prompt_token_ids)
+        return body
 
     def prompt_text(ids: list[int]) -> str:
         """Token ids as text, for echo (ids outside the vocabulary: "", and the engine refuses the request)."""
@@ -435,7 +474,7 @@ def create_app(engine: LLMEngine, model_name: str, max_tokens_cap: int = 1024, a
         params = to_params(req, req.max_tokens, await constraint(req))
         ids = await token_ids(req.prompt, "prompt")
         echo = (req.prompt if isinstance(req.prompt, str) else prompt_text(ids)) if req.echo else None
-        return await complete(raw, ids, params, "text", req.stream, "prompt", echo=echo)
+        return await complete(raw, ids, params, "text", req, "prompt", echo=echo)
 
     @app.post("/v1/chat/completions")
     async def chat(req: ChatRequest, raw: Request):
@@ -458,10 +497,31 @@ def create_app(engine: LLMEngine, model_name: str, max_tokens_cap: int = 1024, a
         except Exception as exc:  # noqa: BLE001 - a template that refuses these messages is the client's problem
             raise APIError(400, f"the chat template refused these messages ({type(exc).__name__}: {exc}); check "
                                 f"the roles' order and the contents' text", param="messages") from None
-        return await complete(raw, await token_ids(prompt, "messages"), params, "chat", req.stream, "messages",
+        return await complete(raw, await token_ids(prompt, "messages"), params, "chat", req, "messages",
                               mode, req.tools)
 
     return app
+
+
+_FIELD = re.compile(r"^[a-z_][a-z0-9_]*$")
+_TYPE_TAGS = {"int", "str", "float", "bool", "none", "dict", "list"}
+
+
+def _where(loc) -> str:
+    """A validation error's place as fields and indices (`messages.0.content`): the tags pydantic adds for a
+    union's member (`constrained-str`, `list[int]`, a model's class name, a message's role) and dict keys left
+    out, so `param` names a field of the request."""
+    out = []
+    for i, x in enumerate(loc):
+        if isinstance(x, int):
+            out.append(str(x))
+        elif i == 0 and x == "body" or not _FIELD.match(x) or x in _TYPE_TAGS:
+            continue
+        elif x in ROLES and i and isinstance(loc[i - 1], int):
+            continue  # messages.<i>.<role tag>
+        else:
+            out.append(x)
+    return ".".join(out)
 
 
 def _finish(reason: str | None) -> str | None:

@@ -43,12 +43,14 @@ async def _stream(client, url, body, headers, leave_after: int | None) -> dict:
             chunk = json.loads(line[6:])
             if "error" in chunk:
                 return {"status": 500, "error": chunk["error"]["message"]}
+            if not chunk["choices"]:  # the usage chunk (stream_options.include_usage), last before [DONE]
+                usage = chunk["usage"]
+                continue
             choice = chunk["choices"][0]
             if choice["token_ids"] and ttft is None:
                 ttft = time.perf_counter() - t0
             tokens += len(choice["token_ids"])
             finish = choice["finish_reason"] or finish
-            usage = chunk.get("usage") or usage
             events += 1
             if leave_after is not None and events >= leave_after:
                 return {"status": 200, "left": True, "tokens": tokens}  # closing the stream drops the connection
@@ -76,7 +78,8 @@ async def _run(url: str, model: str, n: int, disconnect_frac: float, malformed_f
     kinds += ["full"] * (n - len(kinds))
     rng.shuffle(kinds)
     bad = list(MALFORMED.items())
-    base = {"model": model, "max_tokens": max_tokens, "ignore_eos": True, "stream": True, "temperature": 0}
+    base = {"model": model, "max_tokens": max_tokens, "ignore_eos": True, "stream": True, "temperature": 0,
+            "return_token_ids": True, "stream_options": {"include_usage": True}}
     jobs, plan = [], []
     limits = httpx.Limits(max_connections=n + 8, max_keepalive_connections=n + 8)
     async with httpx.AsyncClient(timeout=timeout_s, limits=limits) as client:

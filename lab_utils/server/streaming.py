@@ -8,12 +8,17 @@ cancels the response, which raises CancelledError inside this generator or close
 client has gone keeps decoding to max_tokens and keeps its blocks all the while.
 
 It is a part the learner rewrites in lab 12 (`server.stream_sse`); `load_stream_part` gives the server the
-learner's saved version.
+learner's saved version. `openai_framing` adds what OpenAI's streams carry around the loop's events: a chat
+stream's first chunk (`delta: {"role": "assistant", "content": ""}`), sent with the first event so a client's
+time to first token still measures the first token, and, when the request asked for it
+(`stream_options: {"include_usage": true}`), a last chunk with the usage and `choices: []` before `[DONE]`.
 """
 from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator, Callable
+
+from pydantic import BaseModel, ConfigDict, Field
 
 STREAM_PART = "server.stream_sse"
 
@@ -33,6 +38,37 @@ async def stream_sse(outputs: AsyncIterator, to_chunk: Callable[[object], dict],
     finally:
         if not finished:  # the client left (or the loop failed): free the request's blocks now
             abort()
+
+
+class StreamOptions(BaseModel):
+    """OpenAI's `stream_options` (only with `stream: true`)."""
+    model_config = ConfigDict(extra="forbid")  # an option this server does not implement is a 400, not ignored
+    include_usage: bool = Field(default=False, description="a last chunk with the usage and choices: [] before "
+                                                           "[DONE]; the other chunks carry usage: null")
+
+
+DONE = "data: [DONE]\n\n"
+
+
+async def openai_framing(lines: AsyncIterator[str], first: dict | None,
+                         usage: Callable[[], dict | None]) -> AsyncIterator[str]:
+    """`lines` (the streaming loop's events) with `first` sent just before the first event that is not an error,
+    and the chunk `usage()` returns (None: none) sent just before `[DONE]`."""
+    try:
+        async for line in lines:
+            if first is not None:
+                if not line.startswith('data: {"error"'):  # an error is the stream's only news: no role chunk
+                    yield f"data: {json.dumps(first)}\n\n"
+                first = None
+            if line == DONE:
+                last = usage()
+                if last is not None:
+                    yield f"data: {json.dumps(last)}\n\n"
+            yield line
+    finally:
+        close = getattr(lines, "aclose", None)  # left early (the client went): the loop's own exit runs now
+        if close is not None:
+            await close()
 
 
 def load_stream_part(names=()) -> tuple[Callable, list[str]]:

@@ -52,8 +52,9 @@ def test_openai_client_streams_chat(server):
     client = openai.OpenAI(base_url=server.url + "/v1", api_key="sk-test")
     chunks = list(client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Hi"}],
                                                  max_tokens=6, stream=True, extra_body={"ignore_eos": True}))
+    assert chunks[0].choices[0].delta.role == "assistant" and chunks[0].choices[0].delta.content == ""
     assert chunks[-1].choices[0].finish_reason == "length"
-    assert len(chunks) == 6
+    assert len(chunks) == 1 + 6  # the role chunk, then one per token
     out = client.completions.create(model=MODEL, prompt="Hi", max_tokens=3, extra_body={"ignore_eos": True})
     assert out.usage.completion_tokens == 3
 

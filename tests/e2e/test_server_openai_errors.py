@@ -71,3 +71,44 @@ def test_an_unparsable_body_is_an_error_object_without_a_param(client):
 def test_413_is_an_error_object(client):
     r = client.post("/v1/completions", headers=H, json={**BASE, "prompt": "x" * (2 << 20)})
     assert r.status_code == 413 and _is_error_object(r.json())["type"] == "invalid_request_error"
+
+
+@pytest.mark.parametrize("body,ctype", [(b"[1, 2]", "application/json"), (b"null", "application/json"),
+                                        (b"", "application/json"), (b'{"model": "\xff"}', "application/json"),
+                                        (b"[" * 100_000, "application/json"),
+                                        (b'{"model": "tiny-random", "prompt": "x"}', "text/plain")])
+def test_a_body_that_is_not_a_json_object_is_an_error_object(client, body, ctype):
+    r = client.post("/v1/completions", headers={**H, "content-type": ctype}, content=body)
+    assert r.status_code == 400, r.text
+    err = _is_error_object(r.json())
+    assert err["param"] is None and "JSON object" in err["message"], err
+
+
+@pytest.mark.parametrize("field,value,param", [
+    ("stop", [{"a": 1}], "stop"), ("tool_choice", 7, "tool_choice"),
+    ("messages", [{"role": "assistant", "content": None, "tool_calls": [{"id": "c", "function": {"name": 1}}]}],
+     "messages.0.tool_calls.0.function.name"),
+    ("stream_options", {"include_usage": "maybe"}, "stream_options.include_usage"),
+])
+def test_param_names_the_field_not_pydantics_union_tags(client, field, value, param):
+    r = client.post("/v1/chat/completions", headers=H, json={**CHAT, field: value})
+    assert r.status_code == 400 and _is_error_object(r.json())["param"] == param, r.text
+
+
+def test_a_server_bug_is_a_500_error_object_not_bare_text():
+    engine = tiny_engine()
+    app = create_app(engine, MODEL, max_tokens_cap=8)
+
+    def broken(*_):
+        raise RuntimeError("a bug")
+
+    engine.check_request = broken
+    r = TestClient(app, raise_server_exceptions=False).post("/v1/completions", json=BASE)
+    assert r.status_code == 500 and r.headers["content-type"] == "application/json"
+    err = _is_error_object(r.json())
+    assert err["type"] == "server_error" and "RuntimeError: a bug" in err["message"]
+
+
+def test_options_is_a_405_error_object(client):
+    r = client.options("/v1/chat/completions", headers=H)
+    assert r.status_code == 405 and "OPTIONS" in _is_error_object(r.json())["message"]
