@@ -252,13 +252,17 @@ class LLMEngine:
             if self.scheduler.has_work():
                 stuck = ([r for r in self.scheduler.running if not r.status.done] or list(self.scheduler.waiting))[0]
                 if self.parts:
-                    from lab_utils.engine.parts import LearnerPartError
+                    from lab_utils.engine.parts import PARTS, LearnerPartError
 
                     bm = self.block_manager
+                    suspects = [f"{n} (lab {PARTS[n].lab}, {self.parts.origins.get(n, 'yours')})"
+                                for n in sorted(self.parts.overrides, key=lambda n: (PARTS[n].lab, n))
+                                if n in PARTS and n.split(".")[0] in ("block_manager", "scheduler")]
                     raise LearnerPartError(
-                        f"with your parts ({', '.join(sorted(self.parts.overrides))}) the scheduler made no progress "
-                        f"with {stuck}: {bm.num_free_blocks} of {bm.num_blocks} KV blocks are free. Check that "
-                        f"released blocks go back to the pool and that a request that fits is admitted")
+                        f"the scheduler made no progress with {stuck}: {bm.num_free_blocks} of {bm.num_blocks} KV "
+                        f"blocks are free. Your parts that hand out and return blocks decide this: "
+                        f"{'; '.join(suspects) or ', '.join(sorted(self.parts.overrides))}. Check that released "
+                        f"blocks go back to the pool and that a request that fits is admitted")
                 raise RuntimeError(f"scheduler made no progress with {stuck}; this is a bug")
             return outputs
         t_start = now()

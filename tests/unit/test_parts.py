@@ -226,3 +226,15 @@ def test_the_slot_mapping_runs_in_its_own_lab_only(capsys):
     later = learner.parts(upto="03")
     assert not later.is_learners("attention.slot_mapping") and later.is_learners("block_manager.grow")
     assert "later labs use the engine's fast version" in capsys.readouterr().out
+
+
+def test_an_engine_stuck_by_a_leaking_release_names_the_part_its_lab_and_its_file(tiny64):
+    def never_frees(self, block_id):
+        self.blocks[block_id].ref_count -= 1    # forgets to hand the block back at zero
+
+    parts = EngineParts({"block_manager.release": never_frees},
+                        {"block_manager.release": "yours (my_engine/block_manager.py)"})
+    eng = LLMEngine(tiny64, EngineConfig(num_gpu_blocks=8, block_size=4, max_num_seqs=2), device="cpu", parts=parts)
+    with pytest.raises(LearnerPartError, match=r"no progress.*block_manager.release \(lab 02, yours "
+                                               r"\(my_engine/block_manager.py\)\)"):
+        eng.generate([[1, 2, 3, 4, 5]] * 6, SamplingParams(max_tokens=6, ignore_eos=True))
