@@ -55,21 +55,29 @@ def test_sampled_and_prompt_logprobs_match_a_direct_log_softmax(tiny):
         _check(out.prompt_logprobs[1:], ref[:n], prompt[1:], 3)
 
 
-def test_logprobs_are_taken_after_the_penalties(tiny):
-    """The same logits the sampler draws from: here the penalties written out by hand on the reference."""
-    prompt, p = PROMPTS[0], dict(frequency_penalty=0.8, presence_penalty=0.3, repetition_penalty=1.4)
-    out = _engine(tiny).generate([prompt], SamplingParams(max_tokens=8, ignore_eos=True, logprobs=2, **p))[0]
-    logits = score(tiny[0], prompt + out.token_ids)[len(prompt) - 1:-1]
+def _penalised(model, prompt: list[int], output: list[int], p: dict) -> torch.Tensor:
+    """log_softmax of the logits before each output token with the penalties written out by hand."""
+    logits = score(model, prompt + output)[len(prompt) - 1:-1]
     want = []
     for i, row in enumerate(logits):
         seen = torch.zeros_like(row, dtype=torch.bool)
-        seen[prompt + out.token_ids[:i]] = True
+        seen[prompt + output[:i]] = True
         row = torch.where(seen, torch.where(row > 0, row / p["repetition_penalty"], row * p["repetition_penalty"]), row)
         counts = torch.zeros_like(row)
-        for t in out.token_ids[:i]:
+        for t in output[:i]:
             counts[t] += 1
         want.append(row - p["frequency_penalty"] * counts - p["presence_penalty"] * (counts > 0).float())
-    _check(out.logprobs, torch.log_softmax(torch.stack(want), -1), out.token_ids, 2)
+    return torch.log_softmax(torch.stack(want), -1)
+
+
+PENALTIES = dict(frequency_penalty=0.8, presence_penalty=0.3, repetition_penalty=1.4)
+
+
+def test_logprobs_are_taken_after_the_penalties(tiny):
+    """The same logits the sampler draws from."""
+    prompt, p = PROMPTS[0], PENALTIES
+    out = _engine(tiny).generate([prompt], SamplingParams(max_tokens=8, ignore_eos=True, logprobs=2, **p))[0]
+    _check(out.logprobs, _penalised(tiny[0], prompt, out.token_ids, p), out.token_ids, 2)
     raw = _reference(tiny[0], prompt, out.token_ids)[len(prompt) - 1:]
     assert max(abs(e.logprob - float(r[t])) for e, r, t in zip(out.logprobs, raw, out.token_ids)) > 0.05
 
@@ -113,3 +121,25 @@ def test_prompt_logprobs_skip_the_prefix_cache_and_survive_preemption(tiny):
     assert eng.stats()["num_preemptions"] > 0 and outs[0].num_cached_tokens == 0
     eng.block_manager.check_all_free()
     _check(outs[0].prompt_logprobs[1:], _reference(tiny[0], prompt, [])[: len(prompt) - 1], prompt[1:], 1)
+
+
+def test_logprobs_and_penalties_through_cuda_graph_replays(tiny, monkeypatch):
+    """Decode steps replayed from (fake, CPU) CUDA graphs: the processors and logprobs work on the replay's
+    logits exactly as on the eager path's."""
+    from test_cuda_logic import _FakeCuda, _graph_engine
+
+    eng = _graph_engine(tiny, max_num_seqs=8)
+    fake = _FakeCuda(eng.runner.graphs)
+    fake.install(monkeypatch)
+    eng.runner.graphs.capture = True
+    params = [SamplingParams(max_tokens=10, ignore_eos=True, logprobs=3, prompt_logprobs=2),
+              SamplingParams(max_tokens=10, ignore_eos=True),
+              SamplingParams(max_tokens=10, ignore_eos=True, logprobs=1, **PENALTIES)]
+    outs = eng.generate(PROMPTS, params)
+    assert fake.replays > 0 and eng.runner.fast_path_error is None
+    first, _, third = outs
+    ref = _reference(tiny[0], PROMPTS[0], first.token_ids)
+    n = len(PROMPTS[0]) - 1
+    _check(first.logprobs, ref[n:], first.token_ids, 3)
+    _check(first.prompt_logprobs[1:], ref[:n], PROMPTS[0][1:], 2)
+    _check(third.logprobs, _penalised(tiny[0], PROMPTS[2], third.token_ids, PENALTIES), third.token_ids, 1)
