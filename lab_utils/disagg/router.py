@@ -130,9 +130,11 @@ class DisaggregatedCluster:
                  dtype: str | None = None, prefill_config: EngineConfig | None = None,
                  decode_config: EngineConfig | None = None, on_worker_failure: str = "requeue",
                  threads_per_worker: int = 1, startup_timeout_s: float = 300.0, learner_parts=(),
-                 audit_kv: bool = False) -> None:
+                 audit_kv: bool = False, engine_parts_upto: str | None = None) -> None:
         """`learner_parts`: names of the learner's KV hand-off parts (disagg.export_kv, import_kv,
-        resume_prefilled) the workers load from my_engine/ in place of the reference. `audit_kv`: both workers
+        resume_prefilled) the workers load from my_engine/ in place of the reference. `engine_parts_upto`
+        ("09"): both workers' engines also run every engine part the learner saved in labs up to that one
+        (`learner.parts(upto=...)`: scheduler, block manager, ...), the reference for the rest. `audit_kv`: both workers
         fingerprint every handed-off request's KV blocks (`kv_handoff_check`); it costs a hash of the KV, so the
         throughput runs leave it off."""
         if on_worker_failure not in FAILURE_POLICIES:
@@ -163,6 +165,7 @@ class DisaggregatedCluster:
         self.learner_parts = tuple(learner_parts)
         self.learner_parts_ran: dict[str, list[str]] = {}  # worker -> the learner's parts it runs
         self.audit_kv = audit_kv
+        self.engine_parts_upto = engine_parts_upto
 
     # -- lifecycle --------------------------------------------------------------------------------
     def __enter__(self) -> DisaggregatedCluster:
@@ -191,6 +194,11 @@ class DisaggregatedCluster:
 
             load_disagg_parts(self.learner_parts)
             learner_dir = str(learner.learner_dir().resolve())
+        if self.engine_parts_upto:  # the same: a saved part that does not load fails here
+            from lab_utils import learner
+
+            learner.parts(upto=self.engine_parts_upto, quiet=True)
+            learner_dir = str(learner.learner_dir().resolve())
         self._queues = {"prefill": ctx.Queue(), "decode": ctx.Queue()}
         p_read, p_write = ctx.Pipe(duplex=False)
         d_read, d_write = ctx.Pipe(duplex=False)
@@ -199,11 +207,11 @@ class DisaggregatedCluster:
             "prefill": ctx.Process(target=prefill_main, name="lab-prefill", daemon=True,
                                    args=(self.model, self.prefill_config, self.placement.prefill, self.dtype, eos,
                                          self._queues["prefill"], p_write, kv_write, self.threads,
-                                         self.learner_parts, learner_dir, self.audit_kv)),
+                                         self.learner_parts, learner_dir, self.audit_kv, self.engine_parts_upto)),
             "decode": ctx.Process(target=decode_main, name="lab-decode", daemon=True,
                                   args=(self.model, self.decode_config, self.placement.decode, self.dtype, eos,
                                         self._queues["decode"], d_write, kv_read, self.threads,
-                                        self.learner_parts, learner_dir, self.audit_kv)),
+                                        self.learner_parts, learner_dir, self.audit_kv, self.engine_parts_upto)),
         }
         for p in self._procs.values():
             p.start()

@@ -28,13 +28,14 @@ from lab_utils.engine.request import Request, Status
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-def build_engine(model: str, config, device: str, dtype: str, extra_eos: set[int]):
-    """An engine around the model, without a tokenizer (workers see token ids only; the router has the text)."""
+def build_engine(model: str, config, device: str, dtype: str, extra_eos: set[int], parts=None):
+    """An engine around the model, without a tokenizer (workers see token ids only; the router has the text);
+    `parts`: the learner's engine parts (`learner.parts`), None for the reference."""
     from lab_utils.engine.engine import LLMEngine
     from lab_utils.parallel.runner import load_weights_only
 
     weights = load_weights_only(model, torch.device(device), DTYPES[dtype])
-    engine = LLMEngine((weights, None), config, device=device)
+    engine = LLMEngine((weights, None), config, device=device, parts=parts)
     engine.eos_ids |= set(extra_eos)  # the tokenizer's EOS, which the colocated engine also stops on
     engine.keep_history = False  # a worker lives as long as the cluster: forget ended requests
     return engine
@@ -213,17 +214,28 @@ def _use_learner_dir(learner_dir: str | None) -> None:
         os.environ["LAB_LEARNER_DIR"] = learner_dir
 
 
+def _engine_parts(upto: str | None):
+    """The learner's saved engine parts up to lab `upto` (None: the reference engine), and their names."""
+    if not upto:
+        return None, []
+    from lab_utils import learner
+
+    parts = learner.parts(upto=upto, quiet=True)
+    return parts, sorted(n for n in parts.overrides if not n.startswith("disagg."))
+
+
 def prefill_main(model, config, device, dtype, extra_eos, requests, to_router, kv_conn, threads,
-                 learner_parts=(), learner_dir=None, audit_kv=False) -> None:
+                 learner_parts=(), learner_dir=None, audit_kv=False, engine_parts_upto=None) -> None:
     """Prefill worker: requests in from the router, KV out to the decode worker, notes back to the router
     (with `audit_kv`, the digests of each request's blocks as its cache held them when it was exported)."""
     torch.set_num_threads(threads)
     try:
-        engine = build_engine(model, config, device, dtype, extra_eos)
-        sender = KVSender(kv_conn)
         _use_learner_dir(learner_dir)
+        parts, engine_used = _engine_parts(engine_parts_upto)
+        engine = build_engine(model, config, device, dtype, extra_eos, parts)
+        sender = KVSender(kv_conn)
         fns, used = load_disagg_parts([n for n in learner_parts if n in (EXPORT_PART, META_PART)])
-        to_router.send(("ready", "prefill", used))
+        to_router.send(("ready", "prefill", used + engine_used))
         while True:
             msgs = []
             try:  # idle: wait for work; busy: take what has arrived and keep stepping
@@ -282,17 +294,19 @@ def _receive_kv(receiver: KVReceiver, inbox: queue_mod.Queue) -> None:
 
 
 def decode_main(model, config, device, dtype, extra_eos, control, to_router, kv_conn, threads,
-                learner_parts=(), learner_dir=None, audit_kv=False) -> None:
+                learner_parts=(), learner_dir=None, audit_kv=False, engine_parts_upto=None) -> None:
     """Decode worker: KV in from the prefill worker, continuous batching of decodes, finished outputs out (with
     `audit_kv`, the digests of each request's blocks right after its KV was swapped in)."""
     torch.set_num_threads(threads)
     try:
-        engine = build_engine(model, config, device, dtype, extra_eos)
+        _use_learner_dir(learner_dir)
+        parts, engine_used = _engine_parts(engine_parts_upto)
+        engine = build_engine(model, config, device, dtype, extra_eos, parts)
         inbox: queue_mod.Queue = queue_mod.Queue()
         threading.Thread(target=_receive_kv, args=(KVReceiver(kv_conn), inbox), daemon=True).start()
         records: dict[str, dict] = {}
-        _use_learner_dir(learner_dir)
         fns, used = load_disagg_parts([n for n in learner_parts if n not in (EXPORT_PART, META_PART)])
+        used = used + engine_used
         if IMPORT_PART in used:
             engine.scheduler.swap_in = functools.partial(swap_in_with, fns[IMPORT_PART], engine.kv_cache)
         audits: dict[str, list[str]] = {}

@@ -221,3 +221,27 @@ def test_the_engines_quantizers_are_the_learners(learner_folder, calls, model_to
                         parts=parts)
         eng.generate(_prompts(tok, 2), SamplingParams(max_tokens=3, ignore_eos=True))
         assert all(calls[n] > 0 for n in used), dict(calls)
+
+
+@pytest.mark.timeout(400)
+def test_lab10_baseline_and_both_workers_run_the_learners_engine(learner_folder, calls, tmp_path):
+    """Lab 10: the colocated baseline (in the notebook's process) calls the learner's parts, and the prefill and
+    decode workers (processes of their own) build their engines from the same saved parts."""
+    from lab_utils.disagg import DisaggregatedCluster, colocated_run
+    from lab_utils.parallel.toy_model import write_toy_model
+
+    toy = str(write_toy_model(tmp_path / "toy"))
+    cfg = EngineConfig(max_num_seqs=4, max_num_batched_tokens=64, block_size=4, num_gpu_blocks=128)
+    prompts = [list(range(5, 14 + 3 * i)) for i in range(3)]
+    params = SamplingParams(max_tokens=4, ignore_eos=True)
+    parts = learner.parts(upto="09", quiet=True)
+    engine = LLMEngine(load_model(toy, device="cpu", dtype=torch.float64), cfg, device="cpu", parts=parts)
+    ref = colocated_run(engine, cfg, prompts, params)
+    missing = sorted(n for n in expected(engine) if calls[n] == 0)
+    assert not missing, f"lab 10's baseline did not call the learner's {missing}"
+    with DisaggregatedCluster(toy, cfg, dtype="float64", startup_timeout_s=240, engine_parts_upto="09") as cluster:
+        outs = cluster.generate(prompts, params, timeout_s=240)
+        ran = dict(cluster.learner_parts_ran)
+    mine = sorted(n for n in parts.overrides if not n.startswith("disagg."))
+    assert set(mine) >= ALWAYS and ran == {"prefill": mine, "decode": mine}, ran
+    assert [o.token_ids for o in outs] == [o.token_ids for o in ref]  # float64: no near-tie to allow for
