@@ -7,6 +7,7 @@ import pytest
 import torch
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("LAB_CHECKS_LOG", "off")  # tests record no check results (test_workshop_records turns it on)
 
 
 @pytest.fixture(scope="session")

@@ -222,3 +222,9 @@ def check_stop_reason(fn, cases: int = 300) -> None:
 
     check_part("engine.stop_reason", fn, trials=cases)
     learner.submit("engine.stop_reason", fn)
+
+
+# every check_* above also records its result in the learner's own log (lab_utils.workshop.records)
+from lab_utils.workshop.records import record_checks  # noqa: E402
+
+record_checks(globals())
