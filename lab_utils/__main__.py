@@ -19,6 +19,7 @@ COMMANDS: dict[str, str] = {
     "student": "lab_utils.student",
     "rag-eval": "lab_utils.rag.cli",
     "serve": "lab_utils.server.cli",
+    "grade": "lab_utils.workshop.gradebook",
 }
 
 
