@@ -306,13 +306,19 @@ def stage_bf16_tokens(a, size, rec) -> None:
         raise AssertionError("; ".join(failures))
 
 
+def advised_share(message: str) -> float | None:
+    """The gpu_memory_utilization a "no memory left" error advises (`kv_budget.kv_cache_budget`), or None."""
+    import re
+
+    m = re.search(r"lower gpu_memory_utilization to at most ([0-9]+(?:\.[0-9]+)?)", message)
+    return float(m.group(1)) if m else None
+
+
 def stage_kv_sizing(a, size, rec) -> dict | None:
     """The KV cache sized the vLLM way: `gpu_memory_utilization` (no byte override) as a share of the card for
     weights + activations + KV. Reports blocks, measured activations, free memory; then a second engine at the
     same share on the same card must get the clear "lower gpu_memory_utilization" error, and the share that
     error names must build."""
-    import re
-
     import torch
 
     from lab_utils import EngineConfig, LLMEngine, SamplingParams
@@ -342,11 +348,11 @@ def stage_kv_sizing(a, size, rec) -> dict | None:
     else:
         second.close()
         raise AssertionError(f"a second engine at gpu_memory_utilization={KV_SHARE} was built beside the first")
-    advised = re.search(r"lower gpu_memory_utilization to at most ([0-9.]+)", msg)
+    advised = advised_share(msg)
     rec.row(engine="second, same share", error=msg[:300])
     if advised is None:
         raise AssertionError(f"the second engine's error names no share that fits: {msg}")
-    share = float(advised.group(1)) - 0.02
+    share = advised - 0.02
     if share > 0.01:
         third = LLMEngine((model, tok), EngineConfig(**dict(cfg, gpu_memory_utilization=share)), device=dev)
         rec.row(engine="third, the advised share - 0.02", gpu_memory_utilization=share, num_blocks=third.num_blocks)

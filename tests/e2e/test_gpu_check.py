@@ -114,6 +114,20 @@ def test_timed_steps_must_hold_the_whole_batch_and_fast_path_fallbacks_fail(monk
         gc.require_fast_paths(eng, eager=False)
 
 
+def test_kv_sizing_reads_the_share_the_engines_error_advises():
+    from lab_utils.engine.kv_budget import GiB, DeviceMemory, kv_cache_budget
+
+    gc = _gpu_check()
+    # an H200 with a first engine at 0.6 of it: 55 GiB free for a second one that asks for 0.6 again
+    mem = DeviceMemory(total=int(139.8 * GiB), free=55 * GiB, weights=270 << 20, activations=300 << 20)
+    with pytest.raises(ValueError) as err:
+        kv_cache_budget(mem, gc.KV_SHARE)
+    share = gc.advised_share(str(err.value))
+    assert share is not None and 0.3 < share < gc.KV_SHARE
+    assert kv_cache_budget(mem, share - 0.02) <= mem.free  # the advised share, a little under, fits
+    assert gc.advised_share("CUDA out of memory") is None
+
+
 def test_without_cuda_the_real_check_refuses_to_pass(tmp_path):
     import torch
 
