@@ -107,6 +107,8 @@ class EagleProposer(Proposer):
         self.head.to(device=dev, dtype=target_model.dtype)
         self.head.rotary.inv_freq = self.head.rotary.inv_freq.float()
         self.lm = VocabHead(target_model, self.head.vocab)
+        # sampled proposals: a seeded generator on the head's device (as the draft model's), never the global RNG
+        self.generator = torch.Generator(device=torch.device(dev)).manual_seed(getattr(spec_config, "seed", 0) or 0)
         self.history: dict[str, tuple[int, torch.Tensor]] = {}   # request -> (position of row 0, rows [m, H])
 
     def _with_history(self, first: int, rows: torch.Tensor) -> tuple[int, torch.Tensor]:
@@ -142,16 +144,18 @@ class EagleProposer(Proposer):
         first, feats = self._with_history(L - 1 - n, hidden[hidden.shape[0] - n:])
         feats = feats[None]
         toks = torch.tensor(token_ids[first + 1:], device=hidden.device)[None]  # row j: (f_p, x_{p+1})
-        out, probs = draft_chain(self.head, self.target, feats, toks, k, temperature, self.lm)
+        out, probs = draft_chain(self.head, self.target, feats, toks, k, temperature, self.lm, self.generator)
         return Proposal(out[0].tolist(), None if probs is None else probs[0])
 
 
 @torch.no_grad()
 def draft_chain(head: EagleHead, target, feats: torch.Tensor, toks: torch.Tensor, k: int,
-                temperature: float = 0.0, lm: VocabHead | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+                temperature: float = 0.0, lm: VocabHead | None = None, generator: torch.Generator | None = None
+                ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """feats [B, n, H], toks [B, n] (row j pairs feature f_p with token x_{p+1}) -> k draft tokens [B, k]
     (and their distributions [B, k, vocab] when sampling). Each step appends (predicted feature, chosen token).
-    `lm`: the (draft-vocabulary) lm_head to score with; built from `head.vocab` when None."""
+    `lm`: the (draft-vocabulary) lm_head to score with; built from `head.vocab` when None. `generator`: seeded, on
+    the features' device, for sampling (None: the device's global RNG)."""
     embed = target.model.embed_tokens
     lm = lm if lm is not None else VocabHead(target, head.vocab)
     out, rows = [], []
@@ -163,7 +167,7 @@ def draft_chain(head: EagleHead, target, feats: torch.Tensor, toks: torch.Tensor
             tok = lm.tokens(logits.argmax(-1))
         else:
             p = torch.softmax(logits.float() / temperature, dim=-1)
-            tok = lm.tokens(torch.multinomial(p, 1).squeeze(-1))
+            tok = lm.tokens(torch.multinomial(p, 1, generator=generator).squeeze(-1))
             rows.append(lm.full(p))
         out.append(tok)
         feats = torch.cat([feats, nxt[:, None]], dim=1)

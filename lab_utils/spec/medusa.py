@@ -148,12 +148,14 @@ def check_target(hidden_size: int, target_model) -> None:
                          f"use heads trained for this target")
 
 
-def draw(logits: torch.Tensor, temperature: float) -> tuple[int, torch.Tensor | None]:
-    """Greedy (argmax, no probs) or a sample from softmax(logits / T) together with that distribution."""
+def draw(logits: torch.Tensor, temperature: float, generator: torch.Generator | None = None
+         ) -> tuple[int, torch.Tensor | None]:
+    """Greedy (argmax, no probs) or a sample from softmax(logits / T) together with that distribution.
+    `generator`: a seeded generator on the logits' device (None: the device's global RNG, not reproducible)."""
     if temperature <= 0:
         return int(logits.argmax()), None
     probs = torch.softmax(logits.float() / temperature, dim=-1)
-    return int(torch.multinomial(probs, 1)), probs
+    return int(torch.multinomial(probs, 1, generator=generator)), probs
 
 
 class MedusaProposer(Proposer):
@@ -170,6 +172,9 @@ class MedusaProposer(Proposer):
         dev = device if device is not None else target_model.device
         self.heads.to(device=dev, dtype=target_model.dtype)
         self.lm = VocabHead(target_model, self.heads.vocab)
+        # sampled proposals draw from a seeded generator on the heads' device, as the draft model's do: the same
+        # run proposes the same tokens on any device, whatever else used the global RNG
+        self.generator = torch.Generator(device=torch.device(dev)).manual_seed(getattr(spec_config, "seed", 0) or 0)
 
     @torch.no_grad()
     def propose(self, token_ids: list[int], k: int, hidden: torch.Tensor | None = None,
@@ -186,5 +191,5 @@ class MedusaProposer(Proposer):
         if temperature <= 0:
             return Proposal(self.lm.tokens(logits.argmax(-1)).tolist())
         probs = torch.softmax(logits.float() / temperature, dim=-1)
-        toks = self.lm.tokens(torch.multinomial(probs, 1).squeeze(-1))
+        toks = self.lm.tokens(torch.multinomial(probs, 1, generator=self.generator).squeeze(-1))
         return Proposal(toks.tolist(), self.lm.full(probs))
