@@ -20,6 +20,7 @@ COMMANDS: dict[str, str] = {
     "rag-eval": "lab_utils.rag.cli",
     "serve": "lab_utils.server.cli",
     "grade": "lab_utils.workshop.gradebook",
+    "workshop": "lab_utils.workshop.cli",
 }
 
 
