@@ -80,6 +80,9 @@ c.Spawner.pre_spawn_hook = _create_unix_user"""
     else:
         spawner = f"""c.JupyterHub.spawner_class = "simple"  # all learners run as this Unix user: no file isolation
 c.SimpleLocalProcessSpawner.home_dir_template = "{o.homes}/{{username}}\""""
+        if os.geteuid() == 0:
+            spawner += '\nc.Spawner.args = ["--allow-root"]  # a trial as root: the learners run as root too'
+
     return f'''"""JupyterHub for a one-box workshop, written by `python -m lab_utils workshop` (rerun it to change this)."""
 c = get_config()  # noqa: F821
 
