@@ -28,7 +28,7 @@ VLLM_STAMP := $(VENV)/.vllm_installed
 BF16_LABS := labs/00_foundations.ipynb labs/01_continuous_batching.ipynb labs/07_speculative_decoding.ipynb labs/08_vllm_tuning.ipynb
 PYTEST_NB := --nbval-lax --nbval-current-env --nbval-cell-timeout=900 --nbval-kernel-startup-timeout=120 --nbval-sanitize-with tests/notebooks/sanitize.cfg
 
-.PHONY: help setup prepare lab test test-fast test-avx2 test-notebooks student clean vllm
+.PHONY: help setup prepare lab test test-fast test-avx2 test-notebooks student clean vllm workshop
 help:
 	@echo "make lab        set everything up and open JupyterLab on your learner copies (student/)"
 	@echo "make test       set everything up and run every test (unit + notebooks in SMOKE mode)"
@@ -104,6 +104,10 @@ test-notebooks: setup
 
 student: setup
 	$(PY) -m lab_utils student --out student
+
+# JupyterHub for a room on this box (docs/INSTRUCTOR.md): make workshop WORKSHOP_ARGS="--admin NAME --learners 12"
+workshop: setup
+	$(PY) -m lab_utils workshop $(WORKSHOP_ARGS)
 
 clean:
 	rm -rf student out .pytest_cache
