@@ -141,3 +141,25 @@ def test_claims_name_a_missing_measurement():
     del r["whole_prompt_tokens"]
     with pytest.raises(KeyError, match="whole_prompt_tokens"):
         lab03.claims(r)
+
+
+def test_a_parting_counts_only_at_a_near_tie_of_the_model():
+    import torch
+
+    from lab_utils.checks.teacher_forced import score
+    from lab_utils.models.loader import load_model
+
+    model, _ = load_model("tiny-random", device="cpu", dtype=torch.float32)
+    prompt = [5, 17, 99, 3]
+    logits = score(model, prompt)[-1]
+    best, worst = int(logits.argmax()), int(logits.argmin())
+    r = _run()
+    r.update(model=model, prompts={"0": prompt, "1": prompt}, whole_prompt_tokens={"0": [best, 7], "1": [best]},
+             run_tokens=[{"0": [best, 7], "1": [best]}] * 11 + [{"0": [worst, 7], "1": [best]}])
+    with pytest.raises(AssertionError, match="greedy outputs unchanged"):   # parted where the model was sure
+        lab03.assert_claims(r, show=False)
+    twin = model.lm_head.weight.detach().clone()
+    twin[worst] = twin[best]                                                 # now an exact tie: allowed
+    with torch.no_grad():
+        model.lm_head.weight.copy_(twin)
+    lab03.assert_claims(r, show=False)
