@@ -168,10 +168,10 @@ def stage_env(a, size, rec) -> None:
         r = subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total,driver_version", "--format=csv,noheader"],
                            capture_output=True, text=True)
         figs["nvidia_smi"] = r.stdout.strip() or r.stderr.strip()
-    from lab_utils.paths import cache_dir
+    from lab_utils.paths import REPO_ROOT, cache_dir
 
     cache = cache_dir()
-    figs.update(lab_utils_cache=str(cache), cache_entries=len(list(cache.rglob("*"))) if cache.exists() else 0)
+    figs.update(repo_root=str(REPO_ROOT), lab_utils_cache=str(cache), cache_entries=len(list(cache.rglob("*"))) if cache.exists() else 0)
     rec.figures(**figs)
     code = "import importlib.util, sys; print(' '.join(str(importlib.util.find_spec(m) is not None) for m in sys.argv[1:]))"
     child = subprocess.run([sys.executable, "-c", code, *LENT_MACHINE_LACKS], capture_output=True, text=True)

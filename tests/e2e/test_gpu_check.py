@@ -49,6 +49,7 @@ def test_rehearsal_of_the_lent_machine_gives_every_stage_rows_within_its_limits(
     # the lent machine's conditions held in the stage processes and their children
     env = stages["env"]
     assert env["figures"]["cache_entries"] == 0 and env["figures"]["lab_utils_cache"] != str(Path.home() / ".cache" / "lab_utils")
+    assert Path(env["figures"]["repo_root"]) != REPO_ROOT  # ran from a copy of what travels
     assert {row["package"] for row in env["rows"]} == set(gc.LENT_MACHINE_LACKS)
     assert not any(row["importable"] or row["importable_in_child"] for row in env["rows"]), env["rows"]
     # figures mean their labels
