@@ -193,8 +193,15 @@ _ENGINE_AS_OF = {
 
 def engine_config(lab: str, **overrides) -> EngineConfig:
     """`EngineConfig` of the engine as the course has built it by the end of `lab` ("01" .. "04"; later labs
-    start from "04"), with `overrides` on top (sizes, or a switch a lab compares)."""
+    start from "04"), with `overrides` on top (sizes, or a switch a lab compares). In a workshop the hub sets
+    `LAB_KV_CACHE_MEMORY_BYTES` (this learner's share of the box, `lab_utils.workshop.sizing`): it is the KV budget
+    unless the lab sizes the KV pool itself."""
     key = max(k for k in _ENGINE_AS_OF if k <= max(lab, "01"))
+    room = os.environ.get("LAB_KV_CACHE_MEMORY_BYTES")
+    if room and "kv_cache_memory_bytes" not in overrides and "num_gpu_blocks" not in overrides:
+        if not room.isdigit() or int(room) <= 0:
+            raise ValueError(f"LAB_KV_CACHE_MEMORY_BYTES={room!r}: a positive whole number of bytes")
+        overrides = {**overrides, "kv_cache_memory_bytes": int(room)}
     return EngineConfig(**{**_ENGINE_AS_OF[key], **overrides})
 
 

@@ -93,3 +93,17 @@ def test_workshop_command_writes_the_config_and_needs_an_instructor(tmp_path):
     assert "1 learners" in run.stdout and (tmp_path / "s" / "jupyterhub_config.py").exists()
     run = subprocess.run(base, capture_output=True, text=True, timeout=120)
     assert run.returncode == 2 and "--admin" in run.stderr
+
+
+def test_the_learners_engine_takes_the_rooms_kv_budget(monkeypatch):
+    from lab_utils.learner import engine_config
+
+    monkeypatch.delenv("LAB_KV_CACHE_MEMORY_BYTES", raising=False)
+    assert engine_config("02").kv_cache_memory_bytes is None
+    monkeypatch.setenv("LAB_KV_CACHE_MEMORY_BYTES", str(300 * MiB))
+    assert engine_config("04").kv_cache_memory_bytes == 300 * MiB
+    assert engine_config("04", kv_cache_memory_bytes=GiB).kv_cache_memory_bytes == GiB  # a lab's own size wins
+    assert engine_config("04", num_gpu_blocks=16).kv_cache_memory_bytes is None
+    monkeypatch.setenv("LAB_KV_CACHE_MEMORY_BYTES", "lots")
+    with pytest.raises(ValueError, match="LAB_KV_CACHE_MEMORY_BYTES='lots'"):
+        engine_config("01")
