@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import json
 import re
-import math
 import time
 import uuid
 from typing import Annotated, Any, Literal
@@ -113,7 +112,7 @@ class _Common(BaseModel):
                 raise ValueError(f"key {key!r} is not a token id: keys are token ids such as \"50256\"") from None
             if token < 0:
                 raise ValueError(f"key {key!r} is not a token id: token ids are >= 0")
-            if type(bias) not in (int, float) or not math.isfinite(bias) or abs(bias) > MAX_LOGIT_BIAS:
+            if type(bias) not in (int, float) or not -MAX_LOGIT_BIAS <= bias <= MAX_LOGIT_BIAS:  # NaN fails too
                 raise ValueError(f"{key}: {bias!r} is not a bias: send a number in [-100, 100]")
             out[token] = float(bias)
         return out

@@ -122,7 +122,8 @@ def test_processors_change_what_comes_back(server):
 
 @pytest.mark.parametrize("kw,param", [
     ({"best_of": 2}, "best_of"), ({"suffix": "x"}, "suffix"), ({"logit_bias": {"49152": 1}}, "logit_bias"),
-    ({"logit_bias": {"5": 101}}, "logit_bias"), ({"presence_penalty": 2.5}, "presence_penalty"),
+    ({"logit_bias": {"5": 101}}, "logit_bias"), ({"logit_bias": {"5": 10**400}}, "logit_bias"),
+    ({"presence_penalty": 2.5}, "presence_penalty"),
     ({"frequency_penalty": -3}, "frequency_penalty"), ({"extra_body": {"repetition_penalty": 0}}, "repetition_penalty"),
     ({"extra_body": {"min_tokens": 9}}, "min_tokens"), ({"logprobs": 6}, "logprobs"),
 ])
