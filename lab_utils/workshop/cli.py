@@ -32,6 +32,8 @@ def _run(args: argparse.Namespace) -> int:
     path = write(o)
     print(f"config: {path}\nroom: {o.share}\nhub: http://{o.ip}:{o.port}/  (board: /services/board/, "
           f"{'shared code' if o.code else 'sign up at /hub/signup, approve at /hub/authorize'})")
+    if o.code:
+        print(f"instructors log in with the password {o.admin_password} (also in the config)")
     if args.write_only:
         return 0
     if shutil.which("configurable-http-proxy") is None:

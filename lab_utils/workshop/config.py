@@ -3,7 +3,8 @@
 What it sets up:
 - the hub on 127.0.0.1 by default (`ip`: the room's interface; put TLS in front, see docs/INSTRUCTOR.md);
 - accounts: NativeAuthenticator (learners sign up, an instructor approves them at /hub/authorize) or, with a
-  shared workshop code, one password for the room; admins are the instructors;
+  shared workshop code, one password for the room (anyone with it may log in as any learner; the instructors
+  have their own); admins are the instructors;
 - each learner's server in their own home (`homes/<name>`), as their own Unix user when the hub runs as root
   (created at first spawn), else as the hub's user (SimpleLocalProcessSpawner: no isolation between learners'
   files, for a trial or a test only); the learner copies are written at spawn and never overwritten
@@ -37,6 +38,7 @@ class WorkshopOptions:
     proxy_api_port: int = 8001
     board_port: int = 8002
     code: str | None = None  # a shared workshop code instead of sign-up with approval
+    admin_password: str | None = None  # with a code: the instructors' password (generated when not given)
     unix_users: bool | None = None  # one Unix user per learner; default: when the hub runs as root
     cull_after_s: int = 3600
     python: str = sys.executable
@@ -49,6 +51,10 @@ class WorkshopOptions:
                 raise ValueError(f"admin {name!r}: names are lower-case letters, digits, '-' or '_' ({USERNAME})")
         if self.code is not None and len(self.code) < 8:
             raise ValueError(f"workshop code of {len(self.code)} characters: use at least 8")
+        if self.code is not None and self.admin_password is None:
+            import secrets
+
+            self.admin_password = secrets.token_urlsafe(32)
         if self.unix_users is None:
             self.unix_users = os.geteuid() == 0
 
@@ -58,8 +64,9 @@ def render(o: WorkshopOptions) -> str:
     py = o.python
     env = {"LAB_UTILS_CACHE": str(o.cache), "LAB_LABS_DIR": str(o.labs), "HF_HUB_OFFLINE": "1", **o.share.env()}
     if o.code is not None:
-        auth = f"""c.JupyterHub.authenticator_class = "dummy"  # one shared workshop code as everyone's password
-c.DummyAuthenticator.password = {o.code!r}
+        auth = f"""c.JupyterHub.authenticator_class = "shared-password"  # one workshop code for every learner
+c.SharedPasswordAuthenticator.user_password = {o.code!r}
+c.SharedPasswordAuthenticator.admin_password = {o.admin_password!r}  # the instructors' own
 c.Authenticator.allow_all = True"""
     else:
         auth = """c.JupyterHub.authenticator_class = "native"  # learners sign up; an admin approves at /hub/authorize

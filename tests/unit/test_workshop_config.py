@@ -66,8 +66,9 @@ def test_the_config_binds_loopback_approves_accounts_and_limits_each_learner(tmp
 
 def test_a_workshop_code_and_unix_users_when_asked(tmp_path):
     c = _load(render(_options(tmp_path, code="room-42-code", unix_users=True, ip="10.0.0.5")))
-    assert (c.JupyterHub.ip, c.JupyterHub.authenticator_class, c.DummyAuthenticator.password) == \
-        ("10.0.0.5", "dummy", "room-42-code")
+    assert (c.JupyterHub.ip, c.JupyterHub.authenticator_class) == ("10.0.0.5", "shared-password")
+    shared = c.SharedPasswordAuthenticator
+    assert shared.user_password == "room-42-code" and len(shared.admin_password) >= 32  # JupyterHub's minimum
     assert c.JupyterHub.spawner_class == "localprocess" and callable(c.Spawner.pre_spawn_hook)
     with pytest.raises(ValueError, match="at least 8"):
         _options(tmp_path, code="short")
@@ -107,3 +108,19 @@ def test_the_learners_engine_takes_the_rooms_kv_budget(monkeypatch):
     monkeypatch.setenv("LAB_KV_CACHE_MEMORY_BYTES", "lots")
     with pytest.raises(ValueError, match="LAB_KV_CACHE_MEMORY_BYTES='lots'"):
         engine_config("01")
+
+
+def test_the_workshop_code_logs_learners_in_and_only_the_instructors_password_makes_an_admin(tmp_path):
+    import asyncio
+
+    shared = pytest.importorskip("jupyterhub.authenticators.shared", reason="skipped: jupyterhub not installed")
+    c = _load(render(_options(tmp_path, code="room-42-code", unix_users=False)))
+    auth = shared.SharedPasswordAuthenticator(config=c)
+
+    def login(name: str, password: str):
+        return asyncio.run(auth.authenticate(None, {"username": name, "password": password}))
+
+    assert login("ada", "room-42-code")["name"] == "ada"
+    assert login("ada", "wrong-code-1") is None
+    assert login("teach", "room-42-code") is None  # an instructor needs the instructors' password
+    assert login("teach", c.SharedPasswordAuthenticator.admin_password)["admin"] is True
