@@ -225,7 +225,8 @@ def stage_hf_match(a, size, rec) -> None:
     for name in size["match"]:
         spec, _ = lookup(name)
         lab = build_random(spec.config, device=dev).to(torch.float32).eval()
-        hf = HFLlama(LlamaConfig(**spec.config))
+        with torch.device(dev):  # built (and initialised) on the device: a CPU init of the 1B shape takes minutes
+            hf = HFLlama(LlamaConfig(**spec.config))
         hf.load_state_dict({k: v for k, v in lab.state_dict().items() if "rotary_emb" not in k}, strict=False)
         if hf.config.tie_word_embeddings:
             hf.tie_weights()

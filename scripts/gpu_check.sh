@@ -63,7 +63,7 @@ else
   DEVICE=${DEVICE:-cuda}
   SIZE=${GPU_CHECK_SIZE:-$([ "$DEVICE" = cpu ] && echo tiny || echo full)}
   # stage:timeout (s): 485 s in all, under 9 minutes with Python start-ups and the table
-  STAGES=${GPU_CHECK_STAGES:-"env:20 unit:45 hf_match:60 bf16_tokens:50 kv_sizing:40 bandwidth:70 throughput:110 labs:90"}
+  STAGES=${GPU_CHECK_STAGES:-"env:20 unit:45 hf_match:60 bf16_tokens:70 kv_sizing:40 bandwidth:70 throughput:100 labs:80"}
   BUDGET=${GPU_CHECK_BUDGET:-540}
 fi
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
