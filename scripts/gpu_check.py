@@ -459,7 +459,7 @@ def stage_labs(a, size, rec) -> dict | None:
         return None
     if importlib.util.find_spec("plotly") is None:
         raise RuntimeError("plotly is not installed: carry its wheels (pip download --no-deps --python-version 3.12 "
-                           "plotly narwhals -d wheels/), gpu_check.sh installs wheels/*.whl")
+                           "plotly narwhals -d out/wheels), gpu_check.sh installs out/wheels/*.whl")
     env = dict(os.environ, LAB_SMOKE="1", LAB_INTERACTIVE="0")
     for lab in RANDOM_WEIGHT_LABS:
         t = time.perf_counter()

@@ -70,9 +70,9 @@ export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 PYTHONUNBUFFERED=1 TOKENIZERS_PAR
 mkdir -p "$OUT_DIR"
 rm -f "$OUT_DIR"/{results.json,table.txt,log.txt} "$OUT_DIR"/.results.json.*.tmp
 exec > >(tee -a "$OUT_DIR/log.txt") 2>&1
-# pure-Python packages the lent machine lacks travel as wheels (plotly and narwhals for the labs stage):
-#   pip download --no-deps --python-version 3.12 --only-binary=:all: plotly narwhals -d wheels/
-WHEELS=${GPU_CHECK_WHEELS:-wheels}
+# pure-Python packages the lent machine lacks travel as wheels in an ignored folder, carried (plotly and narwhals
+# for the labs stage):  pip download --no-deps --python-version 3.12 --only-binary=:all: plotly narwhals -d out/wheels
+WHEELS=${GPU_CHECK_WHEELS:-out/wheels}
 if [ "$REHEARSE" != 1 ] && [ -d "$WHEELS" ] && ls "$WHEELS"/*.whl >/dev/null 2>&1; then
   $PY -m pip install -q --no-index --no-deps "$WHEELS"/*.whl || echo "warning: could not install $WHEELS/*.whl"
 fi
