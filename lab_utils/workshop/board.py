@@ -14,6 +14,7 @@ import argparse
 import html
 import json
 import os
+import signal
 import time
 
 from lab_utils.workshop import gradebook
@@ -77,12 +78,15 @@ def make_app(homes: str, prefix: str):
 
 
 def main(argv: list[str] | None = None) -> None:
-    from tornado.ioloop import IOLoop
     from urllib.parse import urlparse
+
+    from tornado.ioloop import IOLoop
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--homes", required=True, help="folder with one home per learner")
     args = p.parse_args(argv)
+    # the hub stops its services with SIGINT: honour it even when started from a shell that ignores it
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     url = urlparse(os.environ["JUPYTERHUB_SERVICE_URL"])
     app = make_app(args.homes, os.environ.get("JUPYTERHUB_SERVICE_PREFIX", "/services/board/"))
     app.listen(url.port, url.hostname)

@@ -17,8 +17,8 @@ import os
 import re
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 LOG_NAME = ".lab_checks.jsonl"
 OFF = {"", "0", "off", "false", "no", "none"}
@@ -44,7 +44,7 @@ def mistake_line(err: BaseException) -> str:
 
 def likely_cause(err: BaseException) -> str | None:
     """The check's diagnosis when it had evidence for one: its "Likely cause:" / "likely mistake:" text."""
-    m = re.search(r"likely (?:cause|mistake):\s*(.+)", str(err), re.I)
+    m = re.search(r"likely (?:cause|mistake):\s*(.+)", str(err), re.IGNORECASE)
     return m.group(1).strip() if m else None
 
 

@@ -66,7 +66,7 @@ def test_stuck_counts_from_the_first_failure_since_the_last_pass():
 def test_grade_command_writes_the_csv(homes, tmp_path):
     out = tmp_path / "grades.csv"
     run = subprocess.run([sys.executable, "-m", "lab_utils", "grade", str(homes), "--csv", str(out)],
-                         capture_output=True, text=True, timeout=120)
+                         capture_output=True, text=True, timeout=120, check=False)
     assert run.returncode == 0, run.stderr
     assert "ada" in run.stdout and "failing for" in run.stdout and "no checks run yet" in run.stdout
     table = list(csv.DictReader(out.open()))

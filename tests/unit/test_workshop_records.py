@@ -48,11 +48,17 @@ def test_a_real_check_records_pass_and_the_named_mistake(log):
 
 
 def test_a_check_inside_a_check_records_once_as_the_outer_one(log):
-    ns = {"__name__": "lab_utils.checks.lab42"}
-    exec("def check_inner(x):\n    assert x, 'inner says no'\n"
-         "def check_outer(x):\n    check_inner(x)\n", ns)
-    for f in ("check_inner", "check_outer"):
-        ns[f].__module__ = ns["__name__"]
+    ns: dict = {"__name__": "lab_utils.checks.lab42"}
+
+    def check_inner(x):
+        assert x, "inner says no"
+
+    def check_outer(x):
+        ns["check_inner"](x)  # through the module's (wrapped) name, as a check module calls its neighbour
+
+    for f in (check_inner, check_outer):
+        f.__module__ = ns["__name__"]
+        ns[f.__name__] = f
     assert sorted(records.record_checks(ns)) == ["check_inner", "check_outer"]
     assert records.record_checks(ns) == []  # wrapping twice is a no-op
     ns["check_outer"](True)
