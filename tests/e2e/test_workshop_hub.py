@@ -1,7 +1,8 @@
 """A real JupyterHub as `lab_utils workshop` configures it, on loopback in a temporary folder: learners and an
-instructor made through the REST API, one learner's server spawned (its learner copies written at spawn), the
-isolation rules that hold on one Unix user (a learner's token opens neither another learner's server nor the
-instructor's board: 403), the board listing the room's checks, then everything stopped and no process left."""
+instructor made through the REST API, two learners' servers spawned (their learner copies written at spawn), the
+isolation rules that hold on one Unix user (a learner's token opens neither another learner's server, files and
+kernels nor the instructor's board: 403), lab 00's first check run in two learners' kernels through the hub (one
+right, one wrong) and both results on the board and in its gradebook, then everything stopped, no process left."""
 from __future__ import annotations
 
 import json
@@ -61,15 +62,57 @@ class Hub:
             return status, raw.decode(errors="replace")
 
 
-def _record_real_checks(home: Path, monkeypatch) -> None:
-    """One right and one wrong answer to lab 00's first check, recorded by the check itself in the learner's home."""
-    from lab_utils.checks import lab00
+def _run_in_kernel(hub: Hub, user: str, token: str, code: str, timeout: float = 90) -> dict:
+    """Start a kernel in `user`'s server beside their lab 00 copy, run `code` there; the execute_reply's content."""
+    import asyncio
+    import uuid
 
-    monkeypatch.setenv("LAB_CHECKS_LOG", str(home / "student" / ".lab_checks.jsonl"))
-    lab00.check_rope(lambda x, p, t: lab00.reference_rope(x, p, t), seed=0)
-    with pytest.raises(AssertionError):
-        lab00.check_rope(lambda x, p, t: x.clone(), seed=0)
-    monkeypatch.setenv("LAB_CHECKS_LOG", "off")
+    from tornado.httpclient import HTTPRequest
+    from tornado.websocket import websocket_connect
+
+    status, kernel = hub.call("POST", f"/user/{user}/api/kernels", {"path": "student/00_foundations.ipynb"},
+                              token=token)
+    assert status == 201, kernel
+
+    async def go() -> dict:
+        url = hub.base.replace("http", "ws", 1) + f"/user/{user}/api/kernels/{kernel['id']}/channels"
+        ws = await websocket_connect(HTTPRequest(url, headers={"Authorization": f"token {token}"}))
+        msg_id = uuid.uuid4().hex
+        ws.write_message(json.dumps({
+            "header": {"msg_id": msg_id, "msg_type": "execute_request", "username": user, "session": msg_id,
+                       "version": "5.3"},
+            "parent_header": {}, "metadata": {}, "channel": "shell",
+            "content": {"code": code, "silent": False, "store_history": False, "user_expressions": {},
+                        "allow_stdin": False, "stop_on_error": True}}))
+        while True:
+            msg = json.loads(await asyncio.wait_for(ws.read_message(), timeout))
+            if msg["msg_type"] == "execute_reply" and msg["parent_header"].get("msg_id") == msg_id:
+                ws.close()
+                return msg["content"]
+
+    try:
+        return asyncio.run(go())
+    finally:
+        hub.call("DELETE", f"/user/{user}/api/kernels/{kernel['id']}", token=token)
+
+
+ROPE_RIGHT = "def rope(x, positions, theta):\n    return lab00.reference_rope(x, positions, theta)\n"
+ROPE_WRONG = "def rope(x, positions, theta):\n    return x.clone()  # forgot to rotate\n"
+RUN_CHECK = "from lab_utils.checks import lab00\n{rope}lab00.check_rope(rope, seed=0)\n"
+
+
+def _spawn(hub: Hub, user: str, token: str) -> None:
+    assert hub.call("POST", f"/hub/api/users/{user}/server", token=token)[0] in (201, 202)
+
+
+def _wait_ready(hub: Hub, user: str) -> None:
+    deadline = time.time() + 120
+    while time.time() < deadline:
+        if hub.call("GET", f"/hub/api/users/{user}")[1]["servers"].get("", {}).get("ready"):
+            hub.seen.update(p.pid for p in psutil.Process(hub.proc.pid).children(recursive=True))
+            return
+        time.sleep(1)
+    pytest.fail(f"{user}'s server did not start: {hub.log.read_text()[-3000:]}")
 
 
 @pytest.fixture
@@ -128,49 +171,51 @@ c.JupyterHub.load_roles.append({{"name": "test-admin", "services": ["test-admin"
         assert not left, f"processes left behind after the hub stopped: {left}"
 
 
-def test_a_room_on_one_box(hub, monkeypatch):
+def test_a_room_on_one_box(hub):
     assert hub.call("GET", "/hub/api/users/teach")[1]["admin"] is True  # admins = the instructors
     for name in ("ada", "bob"):
         assert hub.call("POST", f"/hub/api/users/{name}")[0] == 201
     tok = {n: hub.call("POST", f"/hub/api/users/{n}/tokens", {"note": "test"})[1]["token"]
            for n in ("ada", "bob", "teach")}
 
-    _record_real_checks(hub.homes / "ada", monkeypatch)
-    _record_real_checks(hub.homes / "bob", monkeypatch)
-
-    # the instructor's board: the admin sees both learners' results; a learner is refused
-    status, room = hub.call("GET", "/services/board/room.json", token=tok["teach"])
-    assert status == 200, room
-    got = {(r["learner"], r["check"]): r for r in room["rows"]}
-    assert {"ada", "bob"} <= set(room["learners"])
-    assert got[("ada", "check_rope")]["attempts"] == 2 and "differ" in got[("ada", "check_rope")]["last_result"]
-    status, page = hub.call("GET", "/services/board/", token=tok["teach"])
-    assert status == 200 and "check_rope".removeprefix("check_") in page and "ada" in page
-    status, grades = hub.call("GET", "/services/board/grades.csv", token=tok["teach"])
-    assert status == 200 and grades.splitlines()[0].startswith("learner,lab,check")
-    assert hub.call("GET", "/services/board/room.json", token=tok["ada"])[0] == 403
-    assert hub.call("GET", "/services/board/", token=tok["ada"])[0] == 403
-
-    # a learner's token cannot act on another learner through the hub's API
+    # a learner's token cannot act on another learner through the hub's API, nor open the board
     assert hub.call("GET", "/hub/api/users/bob", token=tok["ada"])[0] in (403, 404)
     assert hub.call("POST", "/hub/api/users/bob/server", token=tok["ada"])[0] in (403, 404)
     assert hub.call("POST", "/hub/api/users/bob/tokens", {}, token=tok["ada"])[0] in (403, 404)
+    assert hub.call("GET", "/services/board/room.json", token=tok["ada"])[0] == 403
+    assert hub.call("GET", "/services/board/", token=tok["ada"])[0] == 403
 
-    # ada's server: spawned in her home with her learner copies; bob's token cannot open it
-    assert hub.call("POST", "/hub/api/users/ada/server", token=tok["ada"])[0] in (201, 202)
-    deadline = time.time() + 120
-    while time.time() < deadline:
-        model = hub.call("GET", "/hub/api/users/ada")[1]
-        if model["servers"].get("", {}).get("ready"):
-            break
-        time.sleep(1)
-    else:
-        pytest.fail(f"ada's server did not start: {hub.log.read_text()[-3000:]}")
-    hub.seen.update(p.pid for p in psutil.Process(hub.proc.pid).children(recursive=True))
-    status, listing = hub.call("GET", "/user/ada/api/contents/student", token=tok["ada"])
-    assert status == 200, listing
-    assert "00_foundations.ipynb" in {item["name"] for item in listing["content"]}
-    assert (hub.homes / "ada" / "student" / "00_foundations.ipynb").exists()
+    # both servers start in their own homes, with the learner copies written at spawn
+    for name in ("ada", "bob"):
+        _spawn(hub, name, tok[name])
+    for name in ("ada", "bob"):
+        _wait_ready(hub, name)
+        status, listing = hub.call("GET", f"/user/{name}/api/contents/student", token=tok[name])
+        assert status == 200, listing
+        assert "00_foundations.ipynb" in {item["name"] for item in listing["content"]}
+    # ... and stay each learner's own: 403 on the other's files and kernels
     assert hub.call("GET", "/user/ada/api/contents/student", token=tok["bob"])[0] == 403
     assert hub.call("GET", "/user/ada/api/kernels", token=tok["bob"])[0] == 403
-    assert hub.call("DELETE", "/hub/api/users/ada/server", token=tok["ada"])[0] in (202, 204)
+    assert hub.call("POST", "/user/ada/api/kernels", {}, token=tok["bob"])[0] == 403
+
+    # lab 00's first check in each learner's own kernel: ada right, bob wrong
+    ada = _run_in_kernel(hub, "ada", tok["ada"], RUN_CHECK.format(rope=ROPE_RIGHT))
+    assert ada["status"] == "ok", ada
+    bob = _run_in_kernel(hub, "bob", tok["bob"], RUN_CHECK.format(rope=ROPE_WRONG))
+    assert bob["status"] == "error" and bob["ename"] == "AssertionError", bob
+    assert (hub.homes / "ada" / "student" / ".lab_checks.jsonl").exists()  # each in their own home
+
+    # the instructor's board and gradebook show both results
+    status, room = hub.call("GET", "/services/board/room.json", token=tok["teach"])
+    assert status == 200, room
+    got = {(r["learner"], r["check"]): r for r in room["rows"]}
+    assert got[("ada", "check_rope")]["last_result"] == "passed"
+    assert "differ" in got[("bob", "check_rope")]["last_result"]
+    status, page = hub.call("GET", "/services/board/", token=tok["teach"])
+    assert status == 200 and ">ada<" in page and ">bob<" in page and "rope" in page
+    status, grades = hub.call("GET", "/services/board/grades.csv", token=tok["teach"])
+    assert status == 200 and grades.splitlines()[0].startswith("learner,lab,check")
+    assert sum(line.startswith(("ada,00,check_rope", "bob,00,check_rope")) for line in grades.splitlines()) == 2
+
+    for name in ("ada", "bob"):
+        assert hub.call("DELETE", f"/hub/api/users/{name}/server", token=tok[name])[0] in (202, 204)
