@@ -33,6 +33,7 @@ makes the engine run theirs.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import threading
@@ -44,6 +45,7 @@ from typing import Callable
 import torch
 
 from lab_utils.engine.structured_params import StructuredOutputParams
+from lab_utils.engine.structured_schema import Unsatisfiable, prepare_schema
 
 MaskFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 AdvanceFn = Callable[[object, list[int]], bool]
@@ -57,26 +59,6 @@ DEAD_END = "error: the grammar allows no token here (the schema or grammar canno
 
 class CompileTimeout(ValueError):
     """A grammar took longer to compile than its caller allows ("schema too complex")."""
-
-
-def unsatisfiable(schema) -> str | None:
-    """Why a JSON schema can never be met, where that shows in the schema itself (None if it does not):
-    an object that requires a key its `properties` and `additionalProperties: false` forbid, at the root or
-    in a required property."""
-    if not isinstance(schema, dict):
-        return None
-    props = schema.get("properties") if isinstance(schema.get("properties"), dict) else {}
-    required = schema.get("required") if isinstance(schema.get("required"), list) else []
-    if schema.get("additionalProperties") is False and not schema.get("patternProperties"):
-        missing = [k for k in required if k not in props]
-        if missing:
-            return (f"it requires {missing} but allows only the keys {sorted(props)} "
-                    f"(additionalProperties is false)")
-    for k in required:
-        why = unsatisfiable(props.get(k)) if isinstance(k, str) else None
-        if why:
-            return f"property {k!r}: {why}"
-    return None
 
 
 # -- the mask step (the lab's exercise; these are the reference versions) ---------------------------------
@@ -176,11 +158,14 @@ class GrammarCompiler:
 
     def _compile_checked(self, so: StructuredOutputParams, build: Callable):
         """The compiled grammar, or the ValueError saying why it is refused (kept in the cache like a grammar)."""
-        if so.kind == "json":
+        if so.kind == "json":  # narrowed so every output validates, or refused (structured_schema.py)
             schema = json.loads(so.json) if isinstance(so.json, str) else so.json
-            why = unsatisfiable(schema)
-            if why:
-                return ValueError(f"structured_output.json can never be met: {why}")
+            try:
+                so = dataclasses.replace(so, json=prepare_schema(schema))
+            except Unsatisfiable as err:
+                return ValueError(f"structured_output.json can never be met: {err}")
+            except ValueError as err:
+                return ValueError(f"structured_output.json cannot be served so that every output validates: {err}")
         try:
             compiled = build(so)
         except CompileTimeout as err:

@@ -252,6 +252,9 @@ def create_app(engine: LLMEngine, model_name: str, max_tokens_cap: int = 1024, a
         try:
             so = structured_output(req.response_format, getattr(req, "tools", None), mode,
                                    getattr(req, "parallel_tool_calls", None))
+            if so is not None and req.stop:  # a stop string inside the JSON would end it half-written
+                raise ToolRequestError(f"stop strings would cut the JSON that {param} asks for (the output would "
+                                       f"not parse): send stop only without a JSON constraint", "stop")
             if mode == "required":  # each tool's parameters alone: one that admits nothing is known here
                 for i, tool in enumerate(req.tools):
                     try:

@@ -128,3 +128,13 @@ def test_conversations_openai_refuses_are_a_400_naming_the_message(server, messa
     r = _chat(server, messages)
     assert r.status_code == 400, r.text
     assert r.json()["error"]["param"] == param, r.json()
+
+
+@pytest.mark.parametrize("extra", [{"tools": [WEATHER], "tool_choice": "required"},
+                                   {"tools": [WEATHER], "tool_choice": {"type": "function",
+                                                                         "function": {"name": "get_weather"}}},
+                                   {"response_format": {"type": "json_object"}}])
+def test_a_stop_string_with_a_json_constraint_is_a_400(server, extra):
+    """A stop string could end the JSON half-written (a tool call whose arguments do not parse)."""
+    r = _chat(server, [ASK], stop=['"'], **extra)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "stop", r.text

@@ -1,0 +1,211 @@
+"""A JSON schema made safe to generate from: every output the grammar allows validates against the schema as
+the client sent it (JSON Schema draft 2020-12), or the schema is refused with a ValueError saying why.
+
+The grammar compiler (xgrammar) enforces most of JSON Schema but not all of it: some keywords it ignores (a
+schema without `type` accepts anything, `uniqueItems`, `not`, `if`, `oneOf`'s "exactly one", ...), and an
+object whose keys are free (`additionalProperties`) can repeat a key. So before compiling, `prepare_schema`
+rewrites the schema into one whose language is a *subset* of the original's (any output of it is valid for the
+original), or refuses it:
+
+- a subschema without `type` whose keywords belong to one kind of value (`minLength`, `minimum`, `items`,
+  `required`, ...) gets that `type` (without it, the compiler lets any value through);
+- an object's `required` keys missing from `properties` are added to them (any value), and objects get only
+  the keys their `properties` name (`additionalProperties` is narrowed to false): keys are then written once
+  each, in order, so no key is ever repeated;
+- keywords the grammar cannot enforce are refused by name (`uniqueItems` unless `maxItems` <= 1, `not`,
+  `if`/`then`/`else`, `oneOf`, `allOf`, `contains`, `dependentRequired`, `patternProperties`, `propertyNames`,
+  `unevaluated*`, `$dynamicRef`, a `multipleOf` that is not an integer's, a `$ref` outside this document);
+- a schema no finite value can meet is refused: `minProperties` above the keys it names, `maxProperties` below
+  its required keys, or a `$ref` cycle through required properties or non-empty arrays
+  (`{"properties": {"next": {"$ref": "#"}}, "required": ["next"]}` has no finite output); an optional property
+  or an `anyOf` branch that admits nothing (`false`, or such a cycle) is dropped instead.
+"""
+from __future__ import annotations
+
+import copy
+
+UNSUPPORTED = {
+    "not": "the grammar cannot exclude a schema",
+    "if": "conditional schemas are not enforced", "then": "conditional schemas are not enforced",
+    "else": "conditional schemas are not enforced",
+    "oneOf": "the grammar cannot enforce 'exactly one'; use anyOf when the branches cannot overlap",
+    "allOf": "the grammar does not intersect schemas; merge them into one",
+    "contains": "not enforced", "minContains": "not enforced", "maxContains": "not enforced",
+    "dependentRequired": "not enforced", "dependentSchemas": "not enforced", "dependencies": "not enforced",
+    "patternProperties": "only the keys named in properties are generated",
+    "propertyNames": "only the keys named in properties are generated",
+    "unevaluatedProperties": "not enforced", "unevaluatedItems": "not enforced",
+    "$dynamicRef": "not resolved", "$dynamicAnchor": "not resolved", "$anchor": "not resolved",
+    "$recursiveRef": "not resolved",
+}
+FAMILIES = (  # keyword -> the type whose values it constrains (the first family present decides)
+    ("object", ("properties", "required", "additionalProperties", "minProperties", "maxProperties")),
+    ("array", ("items", "prefixItems", "minItems", "maxItems", "uniqueItems")),
+    ("string", ("minLength", "maxLength", "pattern", "format")),
+    ("number", ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf")),
+)
+MAX_NODES = 20_000  # a schema bigger than this is refused (walking it is the server's time)
+
+
+class Unsupported(ValueError):
+    """The schema uses what the grammar cannot enforce."""
+
+
+class Unsatisfiable(ValueError):
+    """No finite JSON value meets the schema (as far as the schema itself shows)."""
+
+
+def prepare_schema(schema: dict) -> dict:
+    """The schema to compile (a narrowed copy of `schema`); ValueError naming the place and the reason if it
+    cannot be generated from so that every output validates."""
+    if not isinstance(schema, dict):
+        raise Unsupported(f"a JSON schema must be an object, got {type(schema).__name__}")
+    out = copy.deepcopy(schema)
+    _Walker().walk(out, "#")
+    if not _producible(out, out, "#", frozenset(), [0]):
+        raise Unsatisfiable("no finite value meets it: a $ref cycle runs through required properties or "
+                            "non-empty arrays (or a required part admits nothing)")
+    return out
+
+
+class _Walker:
+    def __init__(self) -> None:
+        self.nodes = 0
+
+    def walk(self, node, where: str) -> None:
+        self.nodes += 1
+        if self.nodes > MAX_NODES:
+            raise Unsupported(f"the schema has more than {MAX_NODES} subschemas")
+        if not isinstance(node, dict):
+            return
+        for key, why in UNSUPPORTED.items():
+            if key in node:
+                raise Unsupported(f"{where}: {key!r} is not supported ({why})")
+        ref = node.get("$ref")
+        if ref is not None and not (isinstance(ref, str) and (ref == "#" or ref.startswith("#/"))):
+            raise Unsupported(f"{where}: $ref {ref!r} is not supported: only references inside this schema "
+                             f"('#' or '#/$defs/...')")
+        if "$id" in node and where != "#":
+            raise Unsupported(f"{where}: '$id' inside a schema is not supported (references resolve against the root)")
+        if "type" not in node and not ({"enum", "const", "$ref", "anyOf"} & node.keys()):
+            family = next((t for t, keys in FAMILIES if any(k in node for k in keys)), None)
+            if family is not None:
+                node["type"] = family  # narrowed: without a type the compiler lets any value through
+        types = node.get("type")
+        types = set(types) if isinstance(types, list) else {types}
+        if "multipleOf" in node and not (types <= {"integer"} and isinstance(node["multipleOf"], int)):
+            raise Unsupported(f"{where}: 'multipleOf' is enforced only for integers by an integer")
+        if node.get("uniqueItems") is True:
+            if not (isinstance(node.get("maxItems"), int) and node["maxItems"] <= 1):
+                raise Unsupported(f"{where}: 'uniqueItems' is not supported (the grammar cannot keep items "
+                                 f"distinct); drop it, or set maxItems to 1")
+        node.pop("uniqueItems", None)
+        if "object" in types or "properties" in node or "required" in node:
+            self._object(node, where)
+        required = set(node.get("required") or [])
+        for name, sub in list((node.get("properties") or {}).items()):
+            try:
+                if sub is False:
+                    raise Unsatisfiable(f"{where}/properties/{name}: the schema false admits no value")
+                self.walk(sub, f"{where}/properties/{name}")
+            except Unsatisfiable:
+                if name in required:
+                    raise
+                del node["properties"][name]  # an optional key no value fits: never written (narrowed)
+        for key in ("$defs", "definitions"):
+            if isinstance(node.get(key), dict):
+                for name, sub in node[key].items():
+                    self.walk(sub, f"{where}/{key}/{name}")
+        for key in ("items", "additionalItems"):
+            if isinstance(node.get(key), dict):
+                self.walk(node[key], f"{where}/{key}")
+        for i, sub in enumerate(node.get("prefixItems") or []):
+            self.walk(sub, f"{where}/prefixItems/{i}")
+        if isinstance(node.get("anyOf"), list):
+            kept, why = [], None
+            for i, sub in enumerate(node["anyOf"]):
+                try:
+                    if sub is False:
+                        raise Unsatisfiable(f"{where}/anyOf/{i}: the schema false admits no value")
+                    self.walk(sub, f"{where}/anyOf/{i}")
+                    kept.append(sub)
+                except Unsatisfiable as err:  # a branch no value fits: dropped (narrowed)
+                    why = err
+            if why is not None and not kept:
+                raise why
+            node["anyOf"] = kept
+
+    @staticmethod
+    def _object(node: dict, where: str) -> None:
+        props = node.setdefault("properties", {})
+        required = node.get("required") or []
+        extra = node.get("additionalProperties", True)
+        for k in required:
+            if isinstance(k, str) and k not in props:
+                if extra is False:
+                    raise Unsatisfiable(f"{where}: it requires {k!r} but allows only the keys {sorted(props)} "
+                                     f"(additionalProperties is false)")
+                props[k] = copy.deepcopy(extra) if isinstance(extra, dict) else {}
+        node["additionalProperties"] = False  # narrowed: only named keys, each written once
+        lo, hi = node.get("minProperties"), node.get("maxProperties")
+        if isinstance(lo, int) and lo > len(props):
+            raise Unsatisfiable(f"{where}: minProperties {lo} asks for more keys than properties names ({len(props)}); "
+                             f"this server writes only the keys properties names")
+        if isinstance(hi, int) and hi < len(set(required)):
+            raise Unsatisfiable(f"{where}: maxProperties {hi} is below the {len(set(required))} required keys")
+
+
+def _resolve(root: dict, ref: str):
+    node = root
+    for part in ref[2:].split("/") if ref != "#" else []:
+        part = part.replace("~1", "/").replace("~0", "~")
+        if isinstance(node, list) and part.isdigit():
+            node = node[int(part)]
+        elif isinstance(node, dict) and part in node:
+            node = node[part]
+        else:
+            raise ValueError(f"$ref {ref!r} points to nothing in this schema")
+    return node
+
+
+def _producible(node, root: dict, where: str, refs: frozenset, budget: list) -> bool:
+    """Whether some finite value meets `node` as far as its required parts go (a $ref already being expanded on
+    this path counts as not producible: going round the cycle never ends)."""
+    budget[0] += 1
+    if budget[0] > MAX_NODES:
+        return True  # too large to decide here: the grammar's own start check remains
+    if node is False:
+        return False
+    if not isinstance(node, dict):
+        return True
+    ref = node.get("$ref")
+    if isinstance(ref, str):
+        if ref in refs:
+            return False
+        if not _producible(_resolve(root, ref), root, ref, refs | {ref}, budget):
+            return False
+    if isinstance(node.get("anyOf"), list) and node["anyOf"]:
+        if not any(_producible(s, root, where, refs, budget) for s in node["anyOf"]):
+            return False
+    types = node.get("type")
+    types = set(types) if isinstance(types, list) else {types} if types else set()
+    if types and not types & {"object", "array"}:
+        return True  # a scalar type: some value exists (or the compiler says otherwise)
+    if "object" in types or (not types and "properties" in node):
+        props = node.get("properties") or {}
+        if not all(_producible(props.get(k, {}), root, where, refs, budget) for k in node.get("required") or []):
+            return "array" in types and _array_ok(node, root, where, refs, budget)
+        return True
+    if "array" in types:
+        return _array_ok(node, root, where, refs, budget)
+    return True
+
+
+def _array_ok(node: dict, root: dict, where: str, refs: frozenset, budget: list) -> bool:
+    n = node.get("minItems", 0) if isinstance(node.get("minItems"), int) else 0
+    prefix = node.get("prefixItems") if isinstance(node.get("prefixItems"), list) else []
+    for i in range(n):
+        sub = prefix[i] if i < len(prefix) else node.get("items", {})
+        if not _producible(sub, root, where, refs, budget):
+            return False
+    return True
