@@ -82,3 +82,12 @@ def test_grade_command_writes_the_csv(homes, tmp_path):
 def test_not_a_folder_is_a_clear_error(tmp_path):
     with pytest.raises(ValueError, match="not a folder of learner homes"):
         gradebook.room(tmp_path / "nope")
+
+
+def test_the_board_escapes_what_a_learner_can_write(tmp_path):
+    from lab_utils.workshop.board import grid_html
+
+    _log(tmp_path / "eve", [(0, "00", "check_rope", False, "<script>alert('x')</script> differ")])
+    page = grid_html(gradebook.room(tmp_path, now=T0 + 120))
+    assert "<script>" not in page and "&lt;script&gt;" in page
+    assert ">eve<" in page and "2 min on rope" in page and "&#10007; 1" in page
