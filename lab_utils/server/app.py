@@ -27,7 +27,7 @@ from lab_utils.engine.engine import LLMEngine
 from lab_utils.engine.sampling_params import MAX_LOGIT_BIAS, MAX_STOP_STRINGS, PENALTY_RANGE, SEED_RANGE, SamplingParams
 from lab_utils.engine.structured import DEAD_END
 from lab_utils.server.async_engine import AsyncEngine, EngineDeadError, QueueFullError, Stream
-from lab_utils.server.guard import DEFAULT_MAX_BODY_BYTES, RequestGuard
+from lab_utils.server.guard import DEFAULT_MAX_BODY_BYTES, RequestGuard, document_errors
 from lab_utils.server.logprobs import StreamLogprobs, TokenTexts, chat_logprobs, completion_logprobs
 from lab_utils.server.messages import ROLES, ChatMessage, ConversationError, check_conversation, for_template, size_of
 from lab_utils.server.metrics import ServerMetrics
@@ -173,6 +173,17 @@ def create_app(engine: LLMEngine, model_name: str, max_tokens_cap: int = 1024, a
     app.state.engine, app.state.async_engine, app.state.metrics = engine, aengine, metrics
     app.state.offload = offload
     app.add_middleware(RequestGuard, api_key=api_key, max_body_bytes=max_body_bytes, on_reject=metrics.rejected)
+    fastapi_openapi = app.openapi
+
+    def openapi() -> dict:  # FastAPI's schema, with the error object every error status really answers
+        if app.openapi_schema is None:
+            generation = [400, 401, 404, 413, 500, 503]
+            app.openapi_schema = document_errors(fastapi_openapi(), {
+                "/v1/completions": generation, "/v1/chat/completions": generation, "/v1/models": [401],
+                "/health": [500]})
+        return app.openapi_schema
+
+    app.openapi = openapi
 
     @app.on_event("shutdown")
     def _shutdown() -> None:

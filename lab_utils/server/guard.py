@@ -18,6 +18,35 @@ def error_body(status: int, message: str, kind: str, param: str | None = None) -
     return json.dumps({"error": {"message": message, "type": kind, "param": param, "code": None}}).encode()
 
 
+ERROR_SCHEMA = {  # the OpenAPI description of `error_body` (and of every error this server answers)
+    "type": "object", "required": ["error"],
+    "properties": {"error": {"type": "object", "required": ["message", "type", "param", "code"], "properties": {
+        "message": {"type": "string"}, "type": {"type": "string"},
+        "param": {"type": ["string", "null"], "description": "the request field at fault, or null"},
+        "code": {"type": ["string", "null"], "description": "a machine-readable reason, or null"}}}}}
+
+
+def document_errors(spec: dict, statuses: dict[str, list[int]]) -> dict:
+    """FastAPI's OpenAPI `spec` with the errors this server really answers: OpenAI's error object for each status
+    in `statuses[path]` (FastAPI's own 422 and its validation-error schemas dropped: a bad body is a 400 here)."""
+    spec.setdefault("components", {}).setdefault("schemas", {})["ErrorResponse"] = ERROR_SCHEMA
+    for name in ("HTTPValidationError", "ValidationError"):
+        spec["components"]["schemas"].pop(name, None)
+    ref = {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorResponse"}}}
+    for path, operations in spec.get("paths", {}).items():
+        for op in operations.values():
+            responses = op.setdefault("responses", {})
+            responses.pop("422", None)
+            for status in statuses.get(path, []):
+                responses[str(status)] = {"description": HTTP_REASONS.get(status, "error"), "content": ref}
+    return spec
+
+
+HTTP_REASONS = {400: "bad request (the message names the field)", 401: "missing or wrong API key",
+                404: "unknown model or path", 413: "body too large", 500: "the engine failed on this request",
+                503: "queue full (Retry-After) or engine unusable"}
+
+
 def key_matches(header: bytes, api_key: str) -> bool:
     """`Authorization: Bearer <key>`, compared with hmac.compare_digest (time does not depend on where they differ)."""
     return hmac.compare_digest(header, b"Bearer " + api_key.encode())

@@ -112,3 +112,21 @@ def test_a_server_bug_is_a_500_error_object_not_bare_text():
 def test_options_is_a_405_error_object(client):
     r = client.options("/v1/chat/completions", headers=H)
     assert r.status_code == 405 and "OPTIONS" in _is_error_object(r.json())["message"]
+
+
+def test_the_openapi_schema_describes_messages_and_errors(client):
+    """/openapi.json lists the five message roles, the stream options, and OpenAI's error object for the error
+    statuses (no FastAPI 422: a bad body is a 400); a real 400 body validates against that error schema."""
+    from jsonschema import Draft202012Validator
+
+    spec = client.get("/openapi.json").json()
+    chat = spec["paths"]["/v1/chat/completions"]["post"]
+    assert "422" not in chat["responses"] and {"400", "404", "413", "503"} <= set(chat["responses"])
+    schemas = spec["components"]["schemas"]
+    roles = schemas["ChatRequest"]["properties"]["messages"]["items"]["discriminator"]["mapping"]
+    assert set(roles) == {"system", "developer", "user", "assistant", "tool"}
+    assert "tool_call_id" in schemas["ToolMessage"]["required"]
+    assert {"stream_options", "return_token_ids"} <= set(schemas["ChatRequest"]["properties"])
+    r = client.post("/v1/chat/completions", headers=H, json={**CHAT, "messages": [{"role": "tool", "content": "x"}]})
+    assert r.status_code == 400
+    Draft202012Validator(schemas["ErrorResponse"]).validate(r.json())
