@@ -37,12 +37,6 @@ def sample(logits: torch.Tensor, params: list[SamplingParams], generators: list[
 
 
 # -- logit processors ------------------------------------------------------------------------------------------
-def _padded(lists: list[list[int]], pad: int, device) -> torch.Tensor:
-    """[n, longest] token ids, short rows filled with `pad` (a column past the vocabulary, dropped afterwards)."""
-    width = max(1, max(len(x) for x in lists))
-    return torch.tensor([x + [pad] * (width - len(x)) for x in lists], dtype=torch.long, device=device)
-
-
 @torch.inference_mode()
 def penalize(logits: torch.Tensor, token_ids: list[list[int]], output_ids: list[list[int]], params: list[SamplingParams],
              mask_ids: list[list[int]]) -> torch.Tensor:
@@ -52,34 +46,54 @@ def penalize(logits: torch.Tensor, token_ids: list[list[int]], output_ids: list[
     tokens are out) to -inf unless that would leave the row no token (a grammar that can only end wins);
     repetition_penalty divides a positive logit / multiplies a negative one of every token seen in `token_ids[i]`
     (prompt + output); frequency_penalty subtracts penalty x count and presence_penalty penalty x (count > 0),
-    counted over `output_ids[i]` only (OpenAI's definitions)."""
+    counted over `output_ids[i]` only (OpenAI's definitions). Each touches only the entries it names (gathers and
+    scatters over the rows' token ids), never a whole [n, V] pass beyond the one copy."""
     n, vocab = logits.shape
     dev = logits.device
     out = logits.float().clone()
-    bias = [(i, t, b) for i, p in enumerate(params) for t, b in (p.logit_bias or {}).items()]
-    if bias:
-        rows, toks, vals = zip(*bias)
-        out.index_put_((torch.tensor(rows, device=dev), torch.tensor(toks, device=dev)),
-                       torch.tensor(vals, device=dev), accumulate=True)
+
+    def rows_of(picked: list[int]):  # the rows a processor changes: all of them in place, else a copy
+        return slice(None) if len(picked) == n else torch.tensor(picked, device=dev)
+
+    def put(entries: list[tuple[int, int, float]]) -> None:  # out[row, token] += value, for every entry
+        if entries:
+            rows, toks, vals = zip(*entries)
+            out.index_put_((torch.tensor(rows, device=dev), torch.tensor(toks, device=dev)),
+                           torch.tensor(vals, device=dev, dtype=out.dtype), accumulate=True)
+
+    put([(i, t, b) for i, p in enumerate(params) for t, b in (p.logit_bias or {}).items()])
     masked = [(i, t) for i, ids in enumerate(mask_ids) for t in ids if t < vocab]
     if masked:
-        rows, toks = zip(*masked)
-        hidden = out.index_put((torch.tensor(rows, device=dev), torch.tensor(toks, device=dev)),
-                               torch.tensor(float("-inf"), device=dev))
-        alive = ~torch.isneginf(hidden).all(-1, keepdim=True)
-        out = torch.where(alive, hidden, out)
-    if any(p.repetition_penalty != 1.0 for p in params):
-        seen = torch.zeros(n, vocab + 1, dtype=torch.bool, device=dev)
-        seen.scatter_(1, _padded(token_ids, vocab, dev), True)
-        pen = torch.tensor([p.repetition_penalty for p in params], device=dev)[:, None]
-        out = torch.where(seen[:, :vocab], torch.where(out > 0, out / pen, out * pen), out)
-    if any(p.frequency_penalty or p.presence_penalty for p in params):
-        ids = _padded(output_ids, vocab, dev)
-        counts = torch.zeros(n, vocab + 1, device=dev).scatter_add_(1, ids, torch.ones_like(ids, dtype=out.dtype))
-        counts = counts[:, :vocab]
-        freq = torch.tensor([p.frequency_penalty for p in params], device=dev)[:, None]
-        pres = torch.tensor([p.presence_penalty for p in params], device=dev)[:, None]
-        out = out - freq * counts - pres * (counts > 0).to(out.dtype)
+        rows, toks = (torch.tensor(x, device=dev) for x in zip(*masked))
+        finite = torch.isfinite(out[rows, toks])
+        lost = torch.zeros(n, device=dev).index_add_(0, rows, finite.float())  # finite logits the mask would take
+        keeps = torch.isfinite(out).sum(-1) > lost  # a row keeps some other token: mask it
+        sel = keeps[rows]
+        out[rows[sel], toks[sel]] = float("-inf")
+    rep = [i for i, p in enumerate(params) if p.repetition_penalty != 1.0 and token_ids[i]]
+    if rep:
+        width = max(len(token_ids[i]) for i in rep)
+        # pad a row with its own first token: scattering the same penalised value twice is harmless
+        ids = torch.tensor([token_ids[i] + [token_ids[i][0]] * (width - len(token_ids[i])) for i in rep],
+                           dtype=torch.long, device=dev)
+        rows = rows_of(rep)
+        pen = torch.tensor([params[i].repetition_penalty for i in rep], device=dev)[:, None]
+        sub = out[rows]
+        seen = sub.gather(1, ids)  # each value read once, before any is written
+        out[rows] = sub.scatter_(1, ids, torch.where(seen > 0, seen / pen, seen * pen))
+    fp = [i for i, p in enumerate(params) if p.frequency_penalty or p.presence_penalty]
+    if fp:
+        width = max(1, max(len(output_ids[i]) for i in fp))
+        # sorted output ids, padded with `vocab` (sorts last, weighs 0): a token's first place counts for presence
+        ids = torch.tensor([output_ids[i] + [vocab] * (width - len(output_ids[i])) for i in fp],
+                           dtype=torch.long, device=dev).sort(dim=1).values
+        real = ids < vocab
+        first = real.clone()
+        first[:, 1:] &= ids[:, 1:] != ids[:, :-1]
+        freq = torch.tensor([params[i].frequency_penalty for i in fp], device=dev)[:, None]
+        pres = torch.tensor([params[i].presence_penalty for i in fp], device=dev)[:, None]
+        rows = rows_of(fp)
+        out[rows] = out[rows].scatter_add_(1, ids.clamp_max(vocab - 1), -(freq * real + pres * first))
     return out
 
 
