@@ -333,11 +333,13 @@ def create_app(engine: LLMEngine, model_name: str, max_tokens_cap: int = 1024, a
                                             "max_model_len": engine.max_model_len}]}
 
     async def sse(stream: Stream, stops: list[str], kind: str, rid: str, created: int, grammar: str | None,
-                  echo: str | None = None, req: _Common | None = None, prompt_ids: list[int] | None = None):
+                  echo: str | None = None, req: _Common | None = None, prompt_ids: list[int] | None = None,
+                  mode: str | None = None, tools: list[Tool] | None = None):
         """SSE lines in OpenAI's chunk format, from the streaming loop (`streaming.stream_sse`, or the learner's);
         the chunks' text adds up to the non-streamed text. A chat stream starts with the role chunk; the usage
         comes as a last chunk of its own when `stream_options.include_usage` asks for it; token ids come when
-        `return_token_ids` asks for them."""
+        `return_token_ids` asks for them. With tools in play, the reply is sent whole in the last chunk, as
+        `delta.tool_calls` or `delta.content` (which it is shows only at its end)."""
         include_usage = bool(req and req.stream_options and req.stream_options.include_usage)
         with_ids = bool(req and req.return_token_ids)
         final_usage: dict = {}
@@ -367,6 +369,13 @@ def create_app(engine: LLMEngine, model_name: str, max_tokens_cap: int = 1024, a
             choice["logprobs"] = logprobs
             if out.finished:
                 choice["finish_reason"] = _finish(out.finish_reason)
+            if kind == "chat" and mode is not None:  # tools: content or tool calls, known once the reply is whole
+                choice["delta"] = {}
+                if out.finished:
+                    message, choice["finish_reason"] = chat_reply(out.text, mode, tools, _finish(out.finish_reason))
+                    calls = message.get("tool_calls")
+                    choice["delta"] = ({"tool_calls": [{"index": i, **c} for i, c in enumerate(calls)]} if calls
+                                       else {"content": message["content"]})
             chunk = {"id": rid, "object": obj, "created": created, "model": model_name, "choices": [choice]}
             if include_usage:
                 chunk["usage"] = None  # OpenAI: null on every chunk but the last
@@ -411,8 +420,8 @@ def create_app(engine: LLMEngine, model_name: str, max_tokens_cap: int = 1024, a
         rid, created = f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{uuid.uuid4().hex[:16]}", int(time.time())
         grammar = grammar_param(mode) if params.structured_output is not None else None
         if req.stream:
-            return StreamingResponse(sse(handle, params.stop, kind, rid, created, grammar, echo, req, ids),
-                                     media_type="text/event-stream")
+            return StreamingResponse(sse(handle, params.stop, kind, rid, created, grammar, echo, req, ids, mode,
+                                         tools), media_type="text/event-stream")
         final = await until_done_or_gone(raw, handle)
         if final is None:  # the client left: its request was aborted, its KV blocks are free
             return Response(status_code=499)
@@ -496,9 +505,6 @@ def create_app(engine: LLMEngine, model_name: str, max_tokens_cap: int = 1024, a
             mode = tool_mode(req.tools, req.tool_choice)  # None | "auto" | "required" | "function:<name>"
         except ToolRequestError as exc:
             raise APIError(400, str(exc), param=exc.param) from None
-        if mode is not None and req.stream:
-            raise APIError(400, "stream=true with tools is not supported by this server: send stream=false",
-                           param="stream")
         try:
             check_conversation(req.messages)  # each tool message answers a call made just before it
         except ConversationError as exc:

@@ -138,3 +138,26 @@ def test_a_stop_string_with_a_json_constraint_is_a_400(server, extra):
     """A stop string could end the JSON half-written (a tool call whose arguments do not parse)."""
     r = _chat(server, [ASK], stop=['"'], **extra)
     assert r.status_code == 400 and r.json()["error"]["param"] == "stop", r.text
+
+
+@pytest.mark.parametrize("tool_choice", ["required", {"type": "function", "function": {"name": "get_weather"}}, "auto"])
+def test_streamed_tool_calls_match_the_whole_reply(server, tool_choice):
+    """With tools, a stream carries the reply whole in its last chunk: the same tool calls (or content) as the
+    non-streamed reply, assembled by the openai client from `delta.tool_calls`."""
+    openai = pytest.importorskip("openai")
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key=KEY)
+    kw = dict(model=MODEL, messages=[ASK], tools=[WEATHER], tool_choice=tool_choice, parallel_tool_calls=False,
+              max_tokens=40, temperature=0)
+    whole = client.chat.completions.create(**kw).choices[0]
+    assert tool_choice == "auto" or whole.message.tool_calls, whole  # a forced call fits in 40 tokens
+    chunks = list(client.chat.completions.create(stream=True, **kw))
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert chunks[-1].choices[0].finish_reason == whole.finish_reason
+    calls = [c for ch in chunks for c in (ch.choices[0].delta.tool_calls or [])]
+    content = "".join(ch.choices[0].delta.content or "" for ch in chunks)
+    if whole.message.tool_calls:
+        assert [(c.function.name, c.function.arguments) for c in calls] == \
+            [(c.function.name, c.function.arguments) for c in whole.message.tool_calls]
+        assert all(c.id and c.type == "function" for c in calls) and [c.index for c in calls] == list(range(len(calls)))
+    else:
+        assert tool_choice == "auto" and content == whole.message.content and not calls
