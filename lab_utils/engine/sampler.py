@@ -46,8 +46,9 @@ def penalize(logits: torch.Tensor, token_ids: list[list[int]], output_ids: list[
     tokens are out) to -inf unless that would leave the row no token (a grammar that can only end wins);
     repetition_penalty divides a positive logit / multiplies a negative one of every token seen in `token_ids[i]`
     (prompt + output); frequency_penalty subtracts penalty x count and presence_penalty penalty x (count > 0),
-    counted over `output_ids[i]` only (OpenAI's definitions). Each touches only the entries it names (gathers and
-    scatters over the rows' token ids), never a whole [n, V] pass beyond the one copy."""
+    counted over `output_ids[i]` only (OpenAI's definitions). Each works on the entries it names (gathers and
+    scatters over the rows' token ids), not on dense [n, V] masks; min_tokens' guard counts each row's finite
+    logits once."""
     n, vocab = logits.shape
     dev = logits.device
     out = logits.float().clone()
