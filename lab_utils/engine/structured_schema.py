@@ -60,9 +60,13 @@ def prepare_schema(schema: dict) -> dict:
     cannot be generated from so that every output validates."""
     if not isinstance(schema, dict):
         raise Unsupported(f"a JSON schema must be an object, got {type(schema).__name__}")
-    out = copy.deepcopy(schema)
-    _Walker().walk(out, "#")
-    if not _producible(out, out, "#", frozenset(), [0]):
+    try:
+        out = copy.deepcopy(schema)
+        _Walker().walk(out, "#")
+        producible = _producible(out, out, "#", frozenset(), [0])
+    except (TypeError, AttributeError, KeyError, IndexError, RecursionError) as err:  # e.g. "type": [{}]
+        raise Unsupported(f"the schema is malformed ({type(err).__name__}: {err})") from None
+    if not producible:
         raise Unsatisfiable("no finite value meets it: a $ref cycle runs through required properties or "
                             "non-empty arrays (or a required part admits nothing)")
     return out

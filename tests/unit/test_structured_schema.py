@@ -103,3 +103,27 @@ def test_satisfiable_schemas_and_optional_cycles_are_served():
     branch = {"anyOf": [{"type": "object", "additionalProperties": False, "required": ["a"]}, {"type": "integer"}]}
     assert prepare_schema(branch)["anyOf"] == [{"type": "integer"}]  # the branch no value fits is dropped
     assert prepare_schema({"type": "object", "required": ["a"]})["properties"] == {"a": {}}
+
+
+def test_any_json_value_as_a_schema_is_served_or_a_value_error():
+    """Clients send anything as a schema: prepare_schema answers a schema or a ValueError, never another error."""
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    keys = st.sampled_from(["type", "properties", "required", "items", "prefixItems", "anyOf", "$ref", "$defs",
+                            "minProperties", "maxProperties", "uniqueItems", "maxItems", "minItems", "enum",
+                            "additionalProperties", "multipleOf", "a", "#"])
+    leaves = st.none() | st.booleans() | st.integers(-3, 3) | st.floats(allow_nan=True) | st.sampled_from(
+        ["object", "array", "string", "integer", "#", "#/$defs/a", "#/properties/a", "a"])
+    values = st.recursive(leaves, lambda inner: st.lists(inner, max_size=3) | st.dictionaries(keys, inner, max_size=4),
+                          max_leaves=20)
+
+    @settings(max_examples=300, deadline=None, database=None, derandomize=True)
+    @given(st.dictionaries(keys, values, max_size=5))
+    def check(schema):
+        try:
+            prepare_schema(schema)
+        except ValueError:
+            pass
+
+    check()
