@@ -12,6 +12,8 @@ server maps them:
   place for them), and a reply that holds `<tool_call>{"name": ..., "arguments": ...}</tool_call>` (or just such
   a JSON object) becomes tool calls, as vLLM's `hermes` tool parser reads them; anything else is content.
 - `tool_choice="none"` -> tools are ignored.
+The conversation's earlier tool calls and tool results (messages.py) are rendered by the template when it knows
+them, else in the same Hermes text (`render_chat`), so the model reads them in the format it is asked to write.
 JSON is generated without free whitespace between tokens (vLLM's `disable_any_whitespace`, a server-wide switch
 there): given the freedom, a small model can emit newlines until max_tokens. A schema the grammar compiler
 cannot take is a 400 naming the problem (the engine's ValueError).
