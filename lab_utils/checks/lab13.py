@@ -94,11 +94,14 @@ def check_mask_step(apply_fn: Callable, advance_fn: Callable, seed: int | None =
 def claims(r: dict) -> list[tuple[str, bool]]:
     """Lab 13's claims from the run's measurements `r` (built in the notebook's claims cell)."""
     from lab_utils.checks.claims import need
+    from lab_utils.checks.timing import judge
 
     need(r, "num_tasks", "prompt_valid_rate", "constrained_valid_rate", "yours_same_as_reference",
          "neighbours_identical", "overlap_fill_ms", "overlap_wait_ms", "mask_exposed_ms", "step_ms",
          "mixed_over_free_throughput")
     share = r["mask_exposed_ms"] / r["step_ms"]
+    m = r["mixed_over_free_throughput"]  # per-round ratios of interleaved runs (one float: one round)
+    rounds = [float(x) for x in m] if isinstance(m, (list, tuple)) else [float(m)]
     out = [
         (f"check of the implementation: with the grammar, {r['constrained_valid_rate']:.0%} of "
          f"{r['num_tasks']} outputs are schema-valid (must be 100%)", r["constrained_valid_rate"] == 1.0),
@@ -113,8 +116,9 @@ def claims(r: dict) -> list[tuple[str, bool]]:
          r["overlap_wait_ms"] < 0.5 * r["overlap_fill_ms"]),
         (f"grammar work on the critical path is {share:.1%} of a constrained step ({r['mask_exposed_ms']:.2f} of "
          f"{r['step_ms']:.0f} ms; under 20%)", share < 0.2),
-        (f"a batch with half its requests constrained keeps >= 50% of the all-free output throughput "
-         f"({r['mixed_over_free_throughput']:.2f}x)", r["mixed_over_free_throughput"] >= 0.5),
+        judge("a batch with half its requests constrained keeps >= 50% of the all-free output throughput "
+              "(the two batches interleaved, one ratio a round)", rounds, 0.5,
+              "rerun the mixed-batch cell with MIXED_ROUNDS raised when the machine is quieter"),
     ]
     if r.get("vllm_constrained_valid_rate") is not None:
         out.append((f"vLLM's structured output on the same prompts: {r['vllm_constrained_valid_rate']:.0%} "
