@@ -1,0 +1,68 @@
+"""Labs 00 and 01 finish with their claims intact on a busy laptop: one busy process on each core, the lab run
+in SMOKE mode beside them. Their timing claims compare A and B in interleaved rounds; a claim whose rounds
+disagree prints NOT JUDGED (with how to rerun) instead of a false FAIL, and the claims that are not about time
+must still pass. The lab's own measurement, not a unit test's, under the load a learner's browser, IDE and
+video call put on a 2-core machine."""
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import re
+
+import nbformat
+import papermill
+import pytest
+
+from lab_utils.paths import REPO_ROOT
+
+pytestmark = [pytest.mark.notebooks, pytest.mark.slow]
+
+
+def _spin() -> None:
+    while True:
+        pass
+
+
+@pytest.fixture
+def busy_cores():
+    """One spinning process per core (at normal priority, as a learner's other programs run), stopped after."""
+    procs = [mp.get_context("spawn").Process(target=_spin, daemon=True) for _ in range(os.cpu_count() or 2)]
+    for p in procs:
+        p.start()
+    yield len(procs)
+    for p in procs:
+        p.kill()
+        p.join(5)
+
+
+def _claim_lines(nb) -> list[str]:
+    lines = []
+    for cell in nb.cells:
+        for out in cell.get("outputs", []):
+            text = out.get("text", "") if out.get("output_type") == "stream" else ""
+            lines += [ln for ln in text.splitlines() if re.match(r"(PASS|FAIL|NOT JUDGED) ", ln)]
+    return lines
+
+
+@pytest.mark.timeout(1500)
+@pytest.mark.parametrize("lab", ["00_foundations", "01_continuous_batching"])
+def test_lab_claims_hold_with_a_busy_process_on_each_core(lab, busy_cores, tmp_path):
+    out = tmp_path / f"{lab}.ipynb"
+    env_keep = {k: os.environ.get(k) for k in ("LAB_SMOKE", "LAB_INTERACTIVE")}
+    os.environ.update(LAB_SMOKE="1", LAB_INTERACTIVE="0")
+    try:
+        papermill.execute_notebook(str(REPO_ROOT / "labs" / f"{lab}.ipynb"), str(out), cwd=str(REPO_ROOT / "labs"),
+                                   parameters={"SMOKE": True, "INTERACTIVE": False}, progress_bar=False,
+                                   kernel_name="python3")
+    finally:
+        for k, v in env_keep.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    lines = _claim_lines(nbformat.read(out, as_version=4))
+    print(f"{lab} beside {busy_cores} busy processes:", *lines, sep="\n  ")
+    assert lines, "the lab printed no claims"
+    assert not [ln for ln in lines if ln.startswith("FAIL")], lines
+    judged = [ln for ln in lines if ln.startswith("PASS")]
+    assert len(judged) >= len(lines) // 2, f"most claims went unjudged under load: {lines}"
