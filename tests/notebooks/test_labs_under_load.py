@@ -46,20 +46,13 @@ def _claim_lines(nb) -> list[str]:
 
 @pytest.mark.timeout(1500)
 @pytest.mark.parametrize("lab", ["00_foundations", "01_continuous_batching"])
-def test_lab_claims_hold_with_a_busy_process_on_each_core(lab, busy_cores, tmp_path):
+def test_lab_claims_hold_with_a_busy_process_on_each_core(lab, busy_cores, tmp_path, monkeypatch):
     out = tmp_path / f"{lab}.ipynb"
-    env_keep = {k: os.environ.get(k) for k in ("LAB_SMOKE", "LAB_INTERACTIVE")}
-    os.environ.update(LAB_SMOKE="1", LAB_INTERACTIVE="0")
-    try:
-        papermill.execute_notebook(str(REPO_ROOT / "labs" / f"{lab}.ipynb"), str(out), cwd=str(REPO_ROOT / "labs"),
-                                   parameters={"SMOKE": True, "INTERACTIVE": False}, progress_bar=False,
-                                   kernel_name="python3")
-    finally:
-        for k, v in env_keep.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+    monkeypatch.setenv("LAB_SMOKE", "1")  # the kernel inherits this process's environment
+    monkeypatch.setenv("LAB_INTERACTIVE", "0")
+    papermill.execute_notebook(str(REPO_ROOT / "labs" / f"{lab}.ipynb"), str(out), cwd=str(REPO_ROOT / "labs"),
+                               parameters={"SMOKE": True, "INTERACTIVE": False}, progress_bar=False,
+                               kernel_name="python3")
     lines = _claim_lines(nbformat.read(out, as_version=4))
     print(f"{lab} beside {busy_cores} busy processes:", *lines, sep="\n  ")
     assert lines, "the lab printed no claims"
