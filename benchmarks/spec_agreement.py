@@ -4,7 +4,7 @@
         --json benchmarks/results/spec_agreement_chat.json
 
 For each proposer (draft, medusa, eagle): the engine generates greedily at batch 1 while every proposal is recorded
-(`lab_utils.spec.agreement`); then, outside the engine, (1) every recorded proposal is recomputed teacher-forced
+(`lab_utils.speculative.agreement`); then, outside the engine, (1) every recorded proposal is recomputed teacher-forced
 from one plain forward of the target over the final text (the share that agrees must be ~1: a lower share is a
 bug in features, offsets or history), and (2) the proposer is scored at EVERY generated position of that text:
 top-1 at each draft depth, and the first-guess accuracy restricted to the positions the engine asked at, which
@@ -22,9 +22,9 @@ import torch
 
 from lab_utils import EngineConfig, LLMEngine, SamplingParams, load_model
 from lab_utils.engine.config import SpecConfig
-from lab_utils.spec.agreement import ProposalRecorder, accepted_from_text, replay, teacher_forced
-from lab_utils.spec.heads_train import acceptance_summary
-from lab_utils.spec.workloads import WORKLOADS, make_prompts
+from lab_utils.speculative.agreement import ProposalRecorder, accepted_from_text, replay, teacher_forced
+from lab_utils.speculative.training.train import acceptance_summary
+from lab_utils.speculative.training.workloads import WORKLOADS, make_prompts
 
 
 def run(model_tok, method: str, k: int, prompts: list[str], max_tokens: int) -> dict:

@@ -20,8 +20,8 @@ import torch
 
 from lab_utils import SamplingParams, load_model
 from lab_utils.engine.config import SpecConfig
-from lab_utils.spec.measure import build_engines, compare
-from lab_utils.spec.workloads import WORKLOADS, make_prompts
+from lab_utils.speculative.measure import build_engines, compare
+from lab_utils.speculative.training.workloads import WORKLOADS, make_prompts
 
 
 def method_configs(methods: list[str], ks: list[int], draft: str | None, lookup_min: int, lookup_max: int,

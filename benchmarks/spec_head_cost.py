@@ -19,9 +19,9 @@ import torch
 
 from lab_utils import EngineConfig, LLMEngine, SamplingParams, load_model
 from lab_utils.engine.config import SpecConfig
-from lab_utils.spec import make_proposer
-from lab_utils.spec.medusa import VocabHead
-from lab_utils.spec.workloads import make_prompts
+from lab_utils.speculative import make_proposer
+from lab_utils.speculative.medusa import VocabHead
+from lab_utils.speculative.training.workloads import make_prompts
 
 
 def target_step_s(model_tok, prompt: str, tokens: int, repeat: int) -> float:

@@ -16,7 +16,7 @@ COMMANDS: dict[str, str] = {
     "generate": "lab_utils.engine.cli",
     "bench": "lab_utils.bench.cli",
     "run-labs": "lab_utils.labs_runner",
-    "student": "lab_utils.student",
+    "student": "lab_utils.course.learner_copies",
     "rag-eval": "lab_utils.rag.cli",
     "serve": "lab_utils.server.cli",
     "grade": "lab_utils.workshop.gradebook",

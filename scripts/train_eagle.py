@@ -20,11 +20,11 @@ from pathlib import Path
 import torch
 
 from lab_utils.paths import DATA_DIR, cache_dir
-from lab_utils.spec.eagle import CONFIG_NAME, EagleHead, eagle_config_for, load_eagle
-from lab_utils.spec.heads_corpus import CorpusSpec, add_data_args, describe, load_training_data
-from lab_utils.spec.warm_start import chain, load_into, prior_run, runs_line, start_label
-from lab_utils.spec.heads_train import eval_eagle, init_eagle, train_eagle
-from lab_utils.spec.medusa import save_heads, top_tokens
+from lab_utils.speculative.eagle import CONFIG_NAME, EagleHead, eagle_config_for, load_eagle
+from lab_utils.speculative.training.corpus import CorpusSpec, add_data_args, describe, load_training_data
+from lab_utils.speculative.training.warm_start import chain, load_into, prior_run, runs_line, start_label
+from lab_utils.speculative.training.train import eval_eagle, init_eagle, train_eagle
+from lab_utils.speculative.medusa import save_heads, top_tokens
 
 SMOKE_DATA = CorpusSpec(gen_shards=1, fixed_shards=1, shard_prompts=6, max_new_tokens=24, fixed_len=96,
                         heldout_prompts=4)
@@ -79,7 +79,7 @@ def main(argv: list[str] | None = None) -> dict:
     ckpt = None if args.smoke else (args.ckpt or cache_dir() / "spec_heads" / run_name)
     t0 = time.time()
     if args.corpus_only:
-        from lab_utils.spec.heads_corpus import build_corpus
+        from lab_utils.speculative.training.corpus import build_corpus
 
         build_corpus(spec)
         return {}
@@ -143,7 +143,7 @@ def write_card(folder: Path, r: dict, cfg: dict, args) -> None:
     text = f"""# smollm2-eagle: an EAGLE-style draft head for SmolLM2-135M-Instruct
 
 A feature-level draft head (Li et al. 2024, EAGLE-1 style) for `smollm2-135m`, used by
-`SpecConfig(method="eagle")` (`lab_utils/spec/eagle.py`). It maps (target feature f_t, embedding of x_t+1) through
+`SpecConfig(method="eagle")` (`lab_utils/speculative/eagle.py`). It maps (target feature f_t, embedding of x_t+1) through
 `fc` (concat 2x{cfg['hidden_size']} -> {cfg['hidden_size']}) and one Llama decoder layer shaped like the target's to the
 predicted feature f_t+1; the target's own tied embedding / lm_head (not stored here) turns that into x_t+2, scored over
 {vocab}. It drafts k tokens by feeding its predicted feature and chosen token back in, attending over at most

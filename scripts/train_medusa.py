@@ -20,10 +20,10 @@ from pathlib import Path
 import torch
 
 from lab_utils.paths import DATA_DIR, cache_dir
-from lab_utils.spec.heads_corpus import CorpusSpec, add_data_args, describe, load_training_data
-from lab_utils.spec.warm_start import chain, load_into, prior_run, runs_line, start_label
-from lab_utils.spec.heads_train import eval_medusa, train_medusa
-from lab_utils.spec.medusa import CONFIG_NAME, MedusaHeads, load_medusa, save_heads, top_tokens
+from lab_utils.speculative.training.corpus import CorpusSpec, add_data_args, describe, load_training_data
+from lab_utils.speculative.training.warm_start import chain, load_into, prior_run, runs_line, start_label
+from lab_utils.speculative.training.train import eval_medusa, train_medusa
+from lab_utils.speculative.medusa import CONFIG_NAME, MedusaHeads, load_medusa, save_heads, top_tokens
 
 SMOKE_DATA = CorpusSpec(gen_shards=1, fixed_shards=1, shard_prompts=6, max_new_tokens=24, fixed_len=96,
                         heldout_prompts=4)
@@ -66,7 +66,7 @@ def main(argv: list[str] | None = None) -> dict:
     ckpt = None if args.smoke else (args.ckpt or cache_dir() / "spec_heads" / run_name)
     t0 = time.time()
     if args.corpus_only:
-        from lab_utils.spec.heads_corpus import build_corpus
+        from lab_utils.speculative.training.corpus import build_corpus
 
         build_corpus(spec)
         return {}
@@ -132,7 +132,7 @@ def write_card(folder: Path, r: dict, cfg: dict, args) -> None:
     text = f"""# smollm2-medusa: Medusa heads for SmolLM2-135M-Instruct
 
 {cfg['num_heads']} Medusa heads (Cai et al. 2024) for `smollm2-135m`, used by
-`SpecConfig(method="medusa")` (`lab_utils/spec/medusa.py`). Head i is a residual block `h + SiLU(W_i h + b_i)` on
+`SpecConfig(method="medusa")` (`lab_utils/speculative/medusa.py`). Head i is a residual block `h + SiLU(W_i h + b_i)` on
 the target's final-norm hidden state at position t, followed by the target's own tied lm_head (not stored here)
 over {vocab}; it guesses token t+2+i. Weights: `model.safetensors` (fp16, {r['parameters']:,} parameters),
 config: `{CONFIG_NAME}` (named so the model registry does not mistake this folder for a full model).

@@ -114,7 +114,7 @@ class LabBackend(Backend):
 
     def __init__(self, model="smollm2-135m", config=None, device: str = "auto", dtype=None, engine=None,
                  parts=None) -> None:
-        """`parts`: the engine parts a learner wrote (`lab_utils.learner.parts()`); None runs the reference."""
+        """`parts`: the engine parts a learner wrote (`lab_utils.course.learner_parts.parts()`); None runs the reference."""
         from lab_utils.engine.engine import LLMEngine
 
         self.engine = engine if engine is not None else LLMEngine(model, config, device=device, dtype=dtype,

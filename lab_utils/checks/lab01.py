@@ -168,11 +168,11 @@ def check_admit_retire(fn: StepFn, seed: int | None = None, cases: int = 200) ->
 def check_schedule_continuous(fn, cases: int = 200) -> None:
     """Your `schedule_continuous(self)` against the engine's on random scheduler states; then it becomes the
     engine's scheduling step (saved to my_engine/scheduler.py)."""
-    from lab_utils import learner
+    from lab_utils.course import learner_parts
     from lab_utils.checks.parts_check import check_part
 
     check_part("scheduler.schedule_continuous", fn, trials=cases)
-    learner.submit("scheduler.schedule_continuous", fn)
+    learner_parts.submit("scheduler.schedule_continuous", fn)
 
 
 # -- the lab's claims ----------------------------------------------------------------------------------------
@@ -217,11 +217,11 @@ def assert_claims(r: dict, show: bool = True) -> None:
 
 def check_stop_reason(fn, cases: int = 300) -> None:
     """Your `stop_reason` against the engine's on random requests and tokens; then the engine uses it."""
-    from lab_utils import learner
+    from lab_utils.course import learner_parts
     from lab_utils.checks.parts_check import check_part
 
     check_part("engine.stop_reason", fn, trials=cases)
-    learner.submit("engine.stop_reason", fn)
+    learner_parts.submit("engine.stop_reason", fn)
 
 
 # every check_* above also records its result in the learner's own log (lab_utils.workshop.records)

@@ -147,13 +147,13 @@ def check_gather_kv(fn: Callable, seed: int | None = None, cases: int = 20) -> N
 # -- the engine parts (lab 02's exercises) -----------------------------------------------------------------
 def check_allocator(grow: Callable, release: Callable, cases: int = 200) -> None:
     """Your `grow` and `release` against the engine's on random block pools; then they become the engine's."""
-    from lab_utils import learner
+    from lab_utils.course import learner_parts
     from lab_utils.checks.parts_check import check_part
 
     check_part("block_manager.grow", grow, trials=cases)
     check_part("block_manager.release", release, trials=cases)
-    learner.submit("block_manager.grow", grow)
-    learner.submit("block_manager.release", release)
+    learner_parts.submit("block_manager.grow", grow)
+    learner_parts.submit("block_manager.release", release)
 
 
 def _full_pool(preemption_mode: str = "recompute"):
@@ -180,7 +180,7 @@ def _full_pool(preemption_mode: str = "recompute"):
 def check_preemption(make_room: Callable, preempt: Callable, cases: int = 200) -> None:
     """Your `make_room` and `preempt` against the engine's: a full pool where one victim is not enough, then
     random scheduler states (pools short of blocks) in every setting the engine runs them in."""
-    from lab_utils import learner
+    from lab_utils.course import learner_parts
     from lab_utils.checks import parts_check
     from lab_utils.checks.parts_check import check_part
     from lab_utils.engine.scheduler import SchedulerOutput
@@ -195,17 +195,17 @@ def check_preemption(make_room: Callable, preempt: Callable, cases: int = 200) -
     parts_check.compare_call("scheduler.make_room", make_room, _full_pool(), grow_oldest,
                              "a full pool where the oldest of three requests needs 3 more blocks")
     check_part("scheduler.make_room", make_room, trials=cases)
-    learner.submit("scheduler.preempt", preempt)
-    learner.submit("scheduler.make_room", make_room)
+    learner_parts.submit("scheduler.preempt", preempt)
+    learner_parts.submit("scheduler.make_room", make_room)
 
 
 def check_slot_mapping(fn: Callable, cases: int = 200) -> None:
     """Your `slot_mapping` against the engine's on random block tables and steps; then the engine uses it."""
-    from lab_utils import learner
+    from lab_utils.course import learner_parts
     from lab_utils.checks.parts_check import check_part
 
     check_part("attention.slot_mapping", fn, trials=cases)
-    learner.submit("attention.slot_mapping", fn)
+    learner_parts.submit("attention.slot_mapping", fn)
 
 
 # -- the lab's claims ----------------------------------------------------------------------------------------

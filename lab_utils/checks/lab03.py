@@ -5,7 +5,7 @@ shows (admitting new prompts before the running requests, not chunking the last 
 requests in the batch, stopping a running prompt's chunks, admitting after a preemption) and is named by
 `parts_check`'s diagnosers; then `parts_check.check_part` compares `fn` with the reference on random engine
 states in every setting the engine runs it in (prefix caching on and off, both preemption modes). When both pass, the function
-becomes the engine's part (`learner.submit`), so the lab's measurements run it. The reference is never shown.
+becomes the engine's part (`learner_parts.submit`), so the lab's measurements run it. The reference is never shown.
 """
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from typing import Callable
 from lab_utils.checks import parts_check
 from lab_utils.engine.block_manager import BlockManager
 from lab_utils.engine.config import EngineConfig
-from lab_utils.engine.parts import check_signature
+from lab_utils.course.parts import check_signature
 from lab_utils.engine.request import Request, Status
 from lab_utils.engine.sampling_params import SamplingParams
 from lab_utils.engine.scheduler import Scheduler
@@ -81,13 +81,13 @@ def _run_scenarios(fn: Callable) -> None:
 def check_schedule_token_budget(fn: Callable, trials: int = 150, seed: int = 0, submit: bool = True) -> None:
     """Hand-built steps with named mistakes, then random engine states against the reference; on success (and
     with `submit`) the function becomes the engine's `schedule_token_budget` (saved to my_engine/scheduler.py)."""
-    from lab_utils import learner
+    from lab_utils.course import learner_parts
 
     check_signature(PART, fn)
     _run_scenarios(fn)
     parts_check.check_part(PART, fn, trials=trials, seed=seed)
     if submit:
-        learner.submit(PART, fn)
+        learner_parts.submit(PART, fn)
 
 
 # --- the lab's closing claims --------------------------------------------------------------------------------

@@ -1,6 +1,6 @@
 """Checks for lab 04's exercises: the prefix cache inside the engine's `BlockManager`.
 
-Four parts (see `lab_utils.engine.parts`): `hash_block` names a full block, `match_prefix` finds a new prompt's
+Four parts (see `lab_utils.course.parts`): `hash_block` names a full block, `match_prefix` finds a new prompt's
 cached leading blocks, `recycle` decides what happens to a block nobody references any more (kept in the LRU
 list if it holds a named prefix, else freed), `evict` takes the least recently used cached block back.
 
@@ -8,7 +8,7 @@ Each `check_*` first runs small hand-built block pools in which one known mistak
 diagnosers when the difference is evidence for it), then `parts_check.check_part` compares the function with the
 reference on random engine states in every setting the engine runs it in (prefix caching on and off included:
 the engine's "caching off" baselines run these parts too), and, when both pass, makes it the engine's part
-(`learner.submit`). The reference is never shown.
+(`learner_parts.submit`). The reference is never shown.
 """
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from typing import Callable
 from lab_utils.checks import parts_check
 from lab_utils.engine.block_manager import BlockManager
 from lab_utils.engine.config import EngineConfig
-from lab_utils.engine.parts import check_signature
+from lab_utils.course.parts import check_signature
 from lab_utils.engine.request import Request
 from lab_utils.engine.sampling_params import SamplingParams
 from lab_utils.engine.scheduler import Scheduler
@@ -66,11 +66,11 @@ def _compare(part: str, what: str, fn: Callable, call: Callable, bm: BlockManage
 
 
 def _finish(name: str, fn: Callable, trials: int, seed: int, submit: bool) -> None:
-    from lab_utils import learner
+    from lab_utils.course import learner_parts
 
     parts_check.check_part(name, fn, trials=trials, seed=seed)
     if submit:
-        learner.submit(name, fn)
+        learner_parts.submit(name, fn)
 
 
 def check_hash_block(fn: Callable, trials: int = 150, seed: int = 0, submit: bool = True) -> None:

@@ -1,7 +1,7 @@
 """Checks for lab 05's exercises: encode a float to FP8 E4M3 by hand; per-channel symmetric INT8 and back;
 per-group INT4 and back; the FP8 KV cache's write (values -> E4M3 bytes) and read (bytes -> values).
 
-The quantizers and the FP8 codec are engine parts (`lab_utils.engine.parts`): once a check passes, the lab
+The quantizers and the FP8 codec are engine parts (`lab_utils.course.parts`): once a check passes, the lab
 submits them, and `check_quant_in_engine` runs the real engine with them (INT8 and INT4 linears built by the
 learner's quantizers, an FP8 KV cache written and read by the learner's codec) against the engine's own.
 
@@ -172,9 +172,9 @@ def check_int8_per_channel(quantize_fn: Callable, dequantize_fn: Callable, seed:
             raise AssertionError("round trip error exceeds scale/2 somewhere")
     print("check_int8_per_channel passed: scales, int8 values and the round trip match on 3 random weights; "
           "every |w - w_hat| <= scale/2")
-    from lab_utils import learner
+    from lab_utils.course import learner_parts
 
-    learner.submit("quant.quantize_per_channel_int8", quantize_fn)
+    learner_parts.submit("quant.quantize_per_channel_int8", quantize_fn)
 
 
 # --- exercise 3: per-group symmetric INT4 and back ---------------------------------------------------------------
@@ -270,10 +270,10 @@ def check_int4_per_group(quantize_fn: Callable, dequantize_fn: Callable, seed: i
                                      f"group = {s_in[r, col // gs].item():.6g})\n   hint: {hint}")
     print(f"check_int4_per_group passed: {cases} random weights (group sizes 8-64, an all-zero group), scales "
           "bit-exact in fp16, integers and the round trip equal to the engine's")
-    from lab_utils import learner
+    from lab_utils.course import learner_parts
 
-    learner.submit("quant.quantize_per_group_int4", quantize_fn)
-    learner.submit("quant.dequantize_int4", dequantize_fn)
+    learner_parts.submit("quant.quantize_per_group_int4", quantize_fn)
+    learner_parts.submit("quant.dequantize_int4", dequantize_fn)
 
 
 # --- exercise 4: the FP8 KV cache's write and read ----------------------------------------------------------------
@@ -345,10 +345,10 @@ def check_fp8_kv(encode_fn: Callable, decode_fn: Callable, seed: int | None = No
             raise AssertionError(f"decode(0x{b:02X}) = {float(got[r, c])!r}, expected {_describe(b)}\n   hint: {hint}")
     print("check_fp8_kv passed: 3 random K/V tensors (ties, subnormals, overflow, signs) encode to the same bytes; "
           "all 254 finite E4M3 patterns decode exactly (fp32 and bf16)")
-    from lab_utils import learner
+    from lab_utils.course import learner_parts
 
-    learner.submit("kv_cache.fp8_encode", encode_fn)
-    learner.submit("kv_cache.fp8_decode", decode_fn)
+    learner_parts.submit("kv_cache.fp8_encode", encode_fn)
+    learner_parts.submit("kv_cache.fp8_decode", decode_fn)
 
 
 QUANT_PARTS = ("quant.quantize_per_channel_int8", "quant.quantize_per_group_int4", "quant.dequantize_int4",
@@ -364,7 +364,7 @@ def check_quant_in_engine(parts, num_requests: int = 8, seed: int = 0) -> dict:
 
     from lab_utils.engine.config import EngineConfig
     from lab_utils.engine.engine import LLMEngine
-    from lab_utils.engine.parts import EngineParts, LearnerPartError
+    from lab_utils.course.parts import EngineParts, LearnerPartError
     from lab_utils.engine.sampling_params import SamplingParams
     from lab_utils.models.loader import build_random
     from lab_utils.models.registry import REGISTRY

@@ -1,9 +1,9 @@
 """Checks for lab 07's exercises: the residual distribution, the accept/reject step of speculative sampling, and
 the rollback of a verified request (its guesses out, its rejected tokens uncounted, their blocks freed).
 
-The first two are checked on fresh random distributions against `lab_utils.spec.verify`, with the uniforms given,
+The first two are checked on fresh random distributions against `lab_utils.speculative.verify`, with the uniforms given,
 so a result is either right or wrong (no sampling noise); the rollback on random engine states against
-`lab_utils.spec.engine_hook.rollback`. On a mismatch the message says which input, what was expected and what
+`lab_utils.speculative.hook.rollback`. On a mismatch the message says which input, what was expected and what
 came back, and names the rule that was missed when it can tell. It never shows the reference. All three are engine
 parts: once checked, the lab submits them, and `check_verify_in_engine` runs the engine's verify step with them
 (a chi-square test of its sampled output, and the real engine's greedy and seeded-sampled tokens).
@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 import torch
 
-from lab_utils.spec.verify import accept_probability, residual_distribution
+from lab_utils.speculative.verify import accept_probability, residual_distribution
 
 
 def _pq(gen: torch.Generator, vocab: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -56,9 +56,9 @@ def check_residual(fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], see
         raise AssertionError(f"residual(p={p.tolist()}, q={q.tolist()})\n   returned {got}\n   expected {expected}"
                              + (f"\n   hint: {hint}" if hint else ""))
     print(f"check_residual passed: {len(cases)} (p, q) pairs, including p == q")
-    from lab_utils import learner
+    from lab_utils.course import learner_parts
 
-    learner.submit("spec.residual", fn)
+    learner_parts.submit("spec.residual", fn)
 
 
 # --- exercise 2: accept / reject -------------------------------------------------------------------------------
@@ -105,9 +105,9 @@ def check_accept_reject(fn: Callable, seed: int | None = None, cases: int = 60) 
                 hint = f"after rejecting position {n_exp}, use the residual of p[{n_exp}] and q[{n_exp}]"
             raise AssertionError(f"case {c}: {where}\n   dist: expected {d_exp.tolist()}\n   got {d_got}\n   hint: {hint}")
     print(f"check_accept_reject passed: {cases} chains (full accepts, early and late rejections)")
-    from lab_utils import learner
+    from lab_utils.course import learner_parts
 
-    learner.submit("spec.accept_reject", fn)
+    learner_parts.submit("spec.accept_reject", fn)
 
 
 VERIFY_PARTS = ("spec.residual", "spec.accept_reject", "spec.verify_greedy", "spec.rollback")  # lab 07's parts
@@ -117,7 +117,7 @@ VERIFY_PARTS = ("spec.residual", "spec.accept_reject", "spec.verify_greedy", "sp
 def check_verify_greedy(fn: Callable, cases: int = 80, seed: int | None = None) -> None:
     """`fn(logits [k+1, V], draft [k]) -> tokens`: keep guess i while it equals the argmax of row i, stop at the
     first that does not and append that row's argmax (the correction); all kept: append row k's argmax (the bonus)."""
-    from lab_utils.spec.verify import verify_greedy
+    from lab_utils.speculative.verify import verify_greedy
 
     gen = _seed(seed)
     for c in range(cases):
@@ -151,9 +151,9 @@ def check_verify_greedy(fn: Callable, cases: int = 80, seed: int | None = None) 
         raise AssertionError(f"case {c}: argmax per row {best}, guesses {draft}\n   returned {got}\n   expected {want}"
                              f"\n   hint: {hint}")
     print(f"check_verify_greedy passed: {cases} chains (all kept, early and late mismatches)")
-    from lab_utils import learner
+    from lab_utils.course import learner_parts
 
-    learner.submit("spec.verify_greedy", fn)
+    learner_parts.submit("spec.verify_greedy", fn)
 
 
 # --- exercise 4: the rollback ----------------------------------------------------------------------------------
@@ -191,7 +191,7 @@ def check_rollback(fn: Callable, cases: int = 150, seed: int = 0) -> None:
     tokens + 1. Compared with the engine's on random engine states."""
     import copy
 
-    from lab_utils.spec.engine_hook import rollback
+    from lab_utils.speculative.hook import rollback
 
     done = 0
     for c in range(cases):
@@ -236,9 +236,9 @@ def check_rollback(fn: Callable, cases: int = 150, seed: int = 0) -> None:
                              + f"\nthe request before: {len(before['req.token_ids'])} tokens, "
                                f"{before['num_computed_tokens'][rid]} computed, blocks {before['block_tables'][rid]}")
     print(f"check_rollback passed: {done} verified requests (0..k guesses kept) rolled back as the engine does")
-    from lab_utils import learner
+    from lab_utils.course import learner_parts
 
-    learner.submit("spec.rollback", fn)
+    learner_parts.submit("spec.rollback", fn)
 
 
 # --- the verify step in the engine ----------------------------------------------------------------------------
@@ -250,7 +250,7 @@ CHI2_CRIT_DF5 = 20.515  # chi-square, 5 degrees of freedom, p-value 0.001
 def verify_chi2(walk=None, draws: int = 3000, seed: int = 0) -> tuple[float, float]:
     """Chi-square of the first and second token the engine's sampling verifier (`verify_sampling`, with `walk`
     as its accept/reject) emits, against the target p, over seeded draws of 2 guesses from a poor draft q."""
-    from lab_utils.spec.verify import verify_sampling
+    from lab_utils.speculative.verify import verify_sampling
 
     p, q = torch.tensor(P_TOY, dtype=torch.float64), torch.tensor(Q_TOY, dtype=torch.float64)
     g = torch.Generator().manual_seed(seed)
@@ -276,15 +276,15 @@ def check_verify_in_engine(parts, num_requests: int = 8, k: int = 3, seed: int =
 
     from lab_utils.engine.config import EngineConfig, SpecConfig
     from lab_utils.engine.engine import LLMEngine
-    from lab_utils.engine.parts import EngineParts, LearnerPartError
+    from lab_utils.course.parts import EngineParts, LearnerPartError
     from lab_utils.engine.sampling_params import SamplingParams
     from lab_utils.models.loader import build_random
     from lab_utils.models.registry import REGISTRY
-    from lab_utils.spec.draft import DraftModelProposer
+    from lab_utils.speculative.draft import DraftModelProposer
 
     walk = parts.function("spec.accept_reject", None)
     if walk is None and parts.is_learners("spec.residual"):
-        from lab_utils.spec.verify import accept_reject
+        from lab_utils.speculative.verify import accept_reject
 
         mine = parts.function("spec.residual", None)
 
@@ -409,7 +409,7 @@ def proposer_verdicts(rows: dict[str, dict], smoke: bool, noise: float = 0.15) -
     """One line per speculative configuration of a `compare` result: what its guesses bought in this run and, when
     it did not pay, which side lost (too few guesses kept, or good guesses that cost more than they saved). In
     SMOKE the speed-ups are noise: the line says so and gives only the counts."""
-    from lab_utils.spec.payoff import SMOKE_SKIP
+    from lab_utils.speculative.payoff import SMOKE_SKIP
 
     out = []
     for name, s in rows.items():
@@ -436,7 +436,7 @@ def speedup_ceiling_claim(speedup: dict, tokens_per_verify: dict, smoke: bool, n
     """No configuration's speed-up may exceed its tokens per verify step: a verify step costs at least one plain
     step (its pass has k+1 rows, its guesses cost extra) and yields that many tokens. A figure above it (beyond
     `noise`) is a timing artefact, not a result. In SMOKE (one short prompt, one round) the check is skipped."""
-    from lab_utils.spec.payoff import SMOKE_SKIP
+    from lab_utils.speculative.payoff import SMOKE_SKIP
 
     text = "every speed-up is at most its tokens per verify step (a verify step costs at least a plain step)"
     if smoke:

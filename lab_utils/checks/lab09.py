@@ -143,7 +143,7 @@ def check_shard_weights(fn: Callable, seed: int | None = 0, cases: int = 60) -> 
     """`fn(w, rank, world_size, heads_per_kv, head_dim) -> dict` against the reference on random layer shapes
     (uneven head and unit counts included) for every rank; then the whole tiny model, sharded by `fn` over 2
     simulated ranks, must compute the same logits as the unsharded one. Submits `fn` when it passes."""
-    from lab_utils import learner
+    from lab_utils.course import learner_parts
     from lab_utils.parallel.tensor_parallel import LINEARS, shard_weights
 
     rng = random.Random(seed)
@@ -171,7 +171,7 @@ def check_shard_weights(fn: Callable, seed: int | None = 0, cases: int = 60) -> 
     _tp_forward(fn, None)
     print(f"✔ check_shard_weights: every rank's slices match on {cases} random layers (uneven splits included); "
           f"a tiny Llama sharded by your function over 2 ranks computes the unsharded logits")
-    learner.submit("tensor_parallel.shard_weights", fn)
+    learner_parts.submit("tensor_parallel.shard_weights", fn)
 
 
 def _row_hint(x, w, got, partial, full, calls) -> str:
@@ -194,7 +194,7 @@ def check_row_parallel(fn: Callable, seed: int | None = 0, cases: int = 40) -> N
     (simulated) ranks' partial products; y must be the full x W^T. Submits `fn` when it passes."""
     import torch
 
-    from lab_utils import learner
+    from lab_utils.course import learner_parts
     from lab_utils.parallel.tensor_parallel import shard_range
 
     rng = random.Random(seed)
@@ -228,7 +228,7 @@ def check_row_parallel(fn: Callable, seed: int | None = 0, cases: int = 40) -> N
     _tp_forward(None, fn)
     print(f"✔ check_row_parallel: the all-reduced partial products equal x W^T on {cases} random cases; a tiny "
           f"Llama over 2 ranks with your row-parallel linears computes the unsharded logits")
-    learner.submit("tensor_parallel.row_parallel", fn)
+    learner_parts.submit("tensor_parallel.row_parallel", fn)
 
 
 class _ThreadComm:
@@ -258,7 +258,7 @@ def _tp_forward(shard_fn, row_fn, world: int = 2) -> None:
 
     import torch
 
-    from lab_utils.engine.parts import EngineParts
+    from lab_utils.course.parts import EngineParts
     from lab_utils.models.kv_cache_simple import SimpleKVCache
     from lab_utils.models.loader import build_random
     from lab_utils.models.registry import REGISTRY

@@ -135,7 +135,7 @@ def _export_hint(got: dict, c: dict) -> str:
 def check_export_kv(fn: Callable, seed: int | None = 0, cases: int = 60) -> None:
     """`fn(cache, block_table, num_tokens, block_size) -> dict` against the reference on random paged caches
     (scattered block tables, partial last blocks, int8 scales); submits `fn` when it passes."""
-    from lab_utils import learner
+    from lab_utils.course import learner_parts
     from lab_utils.disagg.workers import export_kv
 
     rng = random.Random(seed)
@@ -163,7 +163,7 @@ def check_export_kv(fn: Callable, seed: int | None = 0, cases: int = 60) -> None
                              f"{ {k: tuple(t.shape) for k, t in want.items()} }{where}"
                              + (f"\n   hint: {hint}" if hint else ""))
     print(f"✔ check_export_kv: the prompt's KV matches on {cases} random paged caches (scattered blocks, int8 scales)")
-    learner.submit("disagg.export_kv", fn)
+    learner_parts.submit("disagg.export_kv", fn)
 
 
 def check_import_kv(fn: Callable, seed: int | None = 0, cases: int = 60) -> None:
@@ -171,7 +171,7 @@ def check_import_kv(fn: Callable, seed: int | None = 0, cases: int = 60) -> None
     nothing else; checked on random caches against the reference. Submits `fn` when it passes."""
     import torch
 
-    from lab_utils import learner
+    from lab_utils.course import learner_parts
     from lab_utils.disagg.workers import export_kv, import_kv
 
     rng = random.Random(seed)
@@ -204,13 +204,13 @@ def check_import_kv(fn: Callable, seed: int | None = 0, cases: int = 60) -> None
         raise AssertionError(f"case {trial} ({_describe(c)}): after your import, {diff}[layer {layer}, slot {slot}] "
                              f"differs from the expected cache" + (f"\n   hint: {hint}" if hint else ""))
     print(f"✔ check_import_kv: received KV lands in the request's slots (only) on {cases} random paged caches")
-    learner.submit("disagg.import_kv", fn)
+    learner_parts.submit("disagg.import_kv", fn)
 
 
 def check_resume_prefilled(fn: Callable, seed: int | None = 0, cases: int = 20) -> None:
     """`fn(req, first_token, kv)` on fresh requests: the state the decode engine admits (first token appended,
     prompt computed, SWAPPED with the received KV). Submits `fn` when it passes."""
-    from lab_utils import learner
+    from lab_utils.course import learner_parts
     from lab_utils.engine.request import Request, Status
     from lab_utils.engine.sampling_params import SamplingParams
 
@@ -246,13 +246,13 @@ def check_resume_prefilled(fn: Callable, seed: int | None = 0, cases: int = 20) 
                              f"{state['status'].name}, swapped_kv {'set' if state['kv'] else 'not the received kv'}"
                              f"\n   hint: {hint}")
     print(f"✔ check_resume_prefilled: the decode side's request state is right on {cases} random prompts")
-    learner.submit("disagg.resume_prefilled", fn)
+    learner_parts.submit("disagg.resume_prefilled", fn)
 
 
 def check_request_meta(fn: Callable, seed: int | None = 0, cases: int = 20) -> None:
     """`fn(req) -> dict`, the header sent with the KV, on requests that have just sampled their first token:
     every field the decode side reads, with the reference's values. Submits `fn` when it passes."""
-    from lab_utils import learner
+    from lab_utils.course import learner_parts
     from lab_utils.disagg.workers import META_KEYS, request_meta
     from lab_utils.engine.request import Request
     from lab_utils.engine.sampling_params import SamplingParams
@@ -288,7 +288,7 @@ def check_request_meta(fn: Callable, seed: int | None = 0, cases: int = 20) -> N
             if got[k] != want[k]:
                 raise AssertionError(f"case {trial}: {k} is {got[k]!r}, expected {want[k]!r}\n   hint: {hints[k]}")
     print(f"✔ check_request_meta: every field the decode side reads is right on {cases} random requests")
-    learner.submit("disagg.request_meta", fn)
+    learner_parts.submit("disagg.request_meta", fn)
 
 
 def check_handoff_in_engine(export_fn=None, import_fn=None, resume_fn=None, num_requests: int = 10,
@@ -303,7 +303,7 @@ def check_handoff_in_engine(export_fn=None, import_fn=None, resume_fn=None, num_
     from lab_utils.disagg import workers
     from lab_utils.engine.config import EngineConfig
     from lab_utils.engine.engine import LLMEngine
-    from lab_utils.engine.parts import EngineParts, LearnerPartError
+    from lab_utils.course.parts import EngineParts, LearnerPartError
     from lab_utils.engine.sampling_params import SamplingParams
     from lab_utils.models.loader import build_random
     from lab_utils.models.registry import REGISTRY

@@ -170,7 +170,7 @@ def check_stream_sse(fn: Callable, seed: int | None = 0) -> None:
     import asyncio
     import inspect as insp
 
-    from lab_utils import learner
+    from lab_utils.course import learner_parts
 
     if not insp.isasyncgenfunction(fn):
         if insp.iscoroutinefunction(fn):  # the learner copy's stub: `raise NotImplementedError(...)`, no yield
@@ -252,7 +252,7 @@ def check_stream_sse(fn: Callable, seed: int | None = 0) -> None:
     freed = _stream_in_engine(fn)
     print(f"✔ check_stream_sse: SSE lines, [DONE] and abort-on-disconnect right on fake streams; in the real "
           f"AsyncEngine a client that left after 3 events freed its request's {freed} KV blocks")
-    learner.submit("server.stream_sse", fn)
+    learner_parts.submit("server.stream_sse", fn)
 
 
 def _stream_in_engine(fn: Callable) -> int:

@@ -25,7 +25,7 @@ from typing import Callable
 
 from lab_utils.engine.block_manager import BlockManager
 from lab_utils.engine.config import EngineConfig
-from lab_utils.engine.parts import PARTS, EngineParts, LearnerPartError, check_signature
+from lab_utils.course.parts import PARTS, EngineParts, LearnerPartError, check_signature
 from lab_utils.engine.request import Request, Status
 from lab_utils.engine.sampling_params import SamplingParams
 from lab_utils.engine.scheduler import Scheduler, SchedulerOutput
@@ -41,7 +41,7 @@ def failure(message: str, part: str, diagnosis: str | None = None) -> AssertionE
 
 def where(name: str) -> str:
     """'scheduler.preempt (lab 02, my_engine/scheduler.py)': the part, the lab that writes it, its saved file."""
-    from lab_utils.learner import learner_dir
+    from lab_utils.course.learner_parts import learner_dir
 
     part = PARTS[name]
     return f"{name} (lab {part.lab}, {learner_dir().name}/{part.component}.py)"
@@ -902,7 +902,7 @@ def check_in_engine(parts: EngineParts, lab: str, num_requests: int = 24, seed: 
 
 def _run_in_engine(parts: EngineParts, lab: str, num_requests: int, seed: int) -> dict:
     from lab_utils.engine.engine import LLMEngine
-    from lab_utils.learner import engine_config
+    from lab_utils.course.learner_parts import engine_config
     from lab_utils.models.loader import build_random
     from lab_utils.models.registry import REGISTRY
 

@@ -134,7 +134,7 @@ class DisaggregatedCluster:
         """`learner_parts`: names of the learner's KV hand-off parts (disagg.export_kv, import_kv,
         resume_prefilled) the workers load from my_engine/ in place of the reference. `engine_parts_upto`
         ("09"): both workers' engines also run every engine part the learner saved in labs up to that one
-        (`learner.parts(upto=...)`: scheduler, block manager, ...), the reference for the rest. `audit_kv`: both workers
+        (`learner_parts.parts(upto=...)`: scheduler, block manager, ...), the reference for the rest. `audit_kv`: both workers
         fingerprint every handed-off request's KV blocks (`kv_handoff_check`); it costs a hash of the KV, so the
         throughput runs leave it off."""
         if on_worker_failure not in FAILURE_POLICIES:
@@ -189,16 +189,16 @@ class DisaggregatedCluster:
         eos = {self.tokenizer.eos_token_id} - {None}
         learner_dir = None
         if self.learner_parts:  # fail here, in the caller, when a part is missing or does not load
-            from lab_utils import learner
+            from lab_utils.course import learner_parts
             from lab_utils.disagg.workers import load_disagg_parts
 
             load_disagg_parts(self.learner_parts)
-            learner_dir = str(learner.learner_dir().resolve())
+            learner_dir = str(learner_parts.learner_dir().resolve())
         if self.engine_parts_upto:  # the same: a saved part that does not load fails here
-            from lab_utils import learner
+            from lab_utils.course import learner_parts
 
-            learner.parts(upto=self.engine_parts_upto, quiet=True)
-            learner_dir = str(learner.learner_dir().resolve())
+            learner_parts.parts(upto=self.engine_parts_upto, quiet=True)
+            learner_dir = str(learner_parts.learner_dir().resolve())
         self._queues = {"prefill": ctx.Queue(), "decode": ctx.Queue()}
         p_read, p_write = ctx.Pipe(duplex=False)
         d_read, d_write = ctx.Pipe(duplex=False)

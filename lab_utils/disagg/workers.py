@@ -30,7 +30,7 @@ DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.
 
 def build_engine(model: str, config, device: str, dtype: str, extra_eos: set[int], parts=None):
     """An engine around the model, without a tokenizer (workers see token ids only; the router has the text);
-    `parts`: the learner's engine parts (`learner.parts`), None for the reference."""
+    `parts`: the learner's engine parts (`learner_parts.parts`), None for the reference."""
     from lab_utils.engine.engine import LLMEngine
     from lab_utils.parallel.runner import load_weights_only
 
@@ -135,15 +135,15 @@ def audit_swap_in(engine, audits: dict[str, list[str]]) -> None:
 def load_disagg_parts(names=()) -> tuple[dict, list[str]]:
     """{part: function} for the three hand-off parts (the learner's saved version for those in `names`, loaded
     from my_engine/ in this worker process; errors name the part), and the names of the learner's."""
-    from lab_utils import learner
+    from lab_utils.course import learner_parts
 
     refs = {EXPORT_PART: export_kv, IMPORT_PART: import_kv, RESUME_PART: resume_prefilled, META_PART: request_meta}
-    return learner.saved_parts(names, refs, "KV hand-off")
+    return learner_parts.saved_parts(names, refs, "KV hand-off")
 
 
 def export_prompt_kv(engine, req: Request, export_fn=export_kv) -> dict[str, torch.Tensor]:
     """K/V of the request's prompt tokens, [layers, tokens, kv_heads, head_dim] each (+ int8 scales)."""
-    from lab_utils.engine.parts import LearnerPartError
+    from lab_utils.course.parts import LearnerPartError
 
     cache = kv_cache_tensors(engine.kv_cache)
     kv = export_fn(cache, list(req.block_table), req.num_prompt_tokens, engine.kv_cache.block_size)
@@ -157,7 +157,7 @@ def export_prompt_kv(engine, req: Request, export_fn=export_kv) -> dict[str, tor
 
 def prompt_meta(req: Request, meta_fn=request_meta) -> dict:
     """The transfer's header for `req`, from `meta_fn`; one that lacks a field the decode side reads says so."""
-    from lab_utils.engine.parts import LearnerPartError
+    from lab_utils.course.parts import LearnerPartError
 
     meta = meta_fn(req)
     missing = [k for k in META_KEYS if not isinstance(meta, dict) or k not in meta]
@@ -174,7 +174,7 @@ def swap_in_with(import_fn, kv_cache, req: Request) -> None:
 
 def admit_prefilled(engine, meta: dict, kv: dict[str, torch.Tensor], resume_fn=resume_prefilled) -> str:
     """Queue a request whose prompt KV and first token were computed elsewhere (see the module doc)."""
-    from lab_utils.engine.parts import LearnerPartError
+    from lab_utils.course.parts import LearnerPartError
 
     req = Request(meta["request_id"], None, meta["prompt_token_ids"], meta["params"], meta["arrival_time"])
     resume_fn(req, meta["first_token"], kv)
@@ -218,9 +218,9 @@ def _engine_parts(upto: str | None):
     """The learner's saved engine parts up to lab `upto` (None: the reference engine), and their names."""
     if not upto:
         return None, []
-    from lab_utils import learner
+    from lab_utils.course import learner_parts
 
-    parts = learner.parts(upto=upto, quiet=True)
+    parts = learner_parts.parts(upto=upto, quiet=True)
     return parts, sorted(n for n in parts.overrides if not n.startswith("disagg."))
 
 

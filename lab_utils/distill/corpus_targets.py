@@ -1,4 +1,4 @@
-"""Teacher targets for the draft taken from the heads' corpus (`lab_utils.spec.heads_corpus`), at no teacher cost.
+"""Teacher targets for the draft taken from the heads' corpus (`lab_utils.speculative.training.corpus`), at no teacher cost.
 
 Why: the EAGLE and Medusa heads train on a cached corpus in which every position already carries the target's
 greedy token. A greedy draft is accepted where its argmax equals that token, so the same labels distil the draft
@@ -16,8 +16,8 @@ def corpus_records(spec, tokenizer) -> tuple[dict[str, list[dict]], dict]:
 
     Generated sequences are scored from their answer's first token; fixed text at every position (its labels are
     still the target's greedy tokens, not the text's)."""
-    from lab_utils.spec.heads_corpus import load_corpus_shards
-    from lab_utils.spec.heads_data import generation_starts
+    from lab_utils.speculative.training.corpus import load_corpus_shards
+    from lab_utils.speculative.training.data import generation_starts
 
     shards = load_corpus_shards(spec)
     out: dict[str, list[dict]] = {}

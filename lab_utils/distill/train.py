@@ -183,7 +183,7 @@ def run_cli(args, targets_path: Path, out_dir: Path, teacher_name: str) -> dict:
     else:
         if getattr(args, "corpus", None):  # the heads' corpus: the target's greedy tokens as labels
             from lab_utils.distill.corpus_targets import corpus_records
-            from lab_utils.spec.heads_corpus import CorpusSpec
+            from lab_utils.speculative.training.corpus import CorpusSpec
 
             g, f, a = args.corpus
             recs, meta = corpus_records(CorpusSpec(gen_shards=g, fixed_shards=f, asst_shards=a), tok)
@@ -296,8 +296,8 @@ def write_model_card(folder: Path, summary: dict, command: str) -> Path:
         "ending at EOS) and its top-32 logits at every position.")
     if summary.get("targets"):  # trained on the heads' corpus (lab_utils.distill.corpus_targets)
         corpus = (f"the {summary['targets']} that the EAGLE and Medusa heads train on "
-                  "(`lab_utils/spec/heads_corpus.py`): the target's greedy answers to chat prompts about Wikipedia "
-                  "summaries, to everyday assistant requests (`lab_utils/spec/assistant_prompts.py`) and to "
+                  "(`lab_utils/speculative/training/corpus.py`): the target's greedy answers to chat prompts about Wikipedia "
+                  "summaries, to everyday assistant requests (`lab_utils/speculative/training/assistant_prompts.py`) and to "
                   "Shakespeare excerpts, and prefilled multi-turn chats and plain text. Held out: every 10th article, "
                   "three plays, a fifth of the assistant subjects and every subject of lab 07's chat questions.")
         targets = ("(sequence-level KD): the teacher's greedy token at every position (top-1: the loss is the "

@@ -102,7 +102,7 @@ class AttentionMetadata:
 
 def _checked_slots(slots, expected: torch.Tensor, block_tables, context_lens, query_lens) -> torch.Tensor:
     """A learner's slot mapping, refused (with the first wrong slot) before any K/V is written to a wrong place."""
-    from lab_utils.engine.parts import LearnerPartError
+    from lab_utils.course.parts import LearnerPartError
 
     got = torch.as_tensor(list(slots), dtype=torch.long)
     if got.shape != expected.shape:

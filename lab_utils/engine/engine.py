@@ -14,7 +14,7 @@ from lab_utils.engine.config import EngineConfig
 from lab_utils.engine.accel import fast_linears, runner_options
 from lab_utils.engine.kv_cache import KVCache, bytes_per_token, fp8_decode, fp8_encode, storage_dtype
 from lab_utils.engine.model_runner import ModelRunner
-from lab_utils.engine.parts import REFERENCE, EngineParts
+from lab_utils.course.parts import REFERENCE, EngineParts
 from lab_utils.engine.request import Request, RequestOutput, Status
 from lab_utils.engine.logprobs import record_prompt_logprobs, sampled_logprobs
 from lab_utils.engine.sampler import apply_logit_processors, sample
@@ -49,7 +49,7 @@ class LLMEngine:
     def __init__(self, model="smollm2-135m", config: EngineConfig | None = None, device: str = "auto",
                  dtype: torch.dtype | None = None, tokenizer=None, parts: EngineParts | None = None) -> None:
         self.config = config = config or EngineConfig()
-        # which version of each teachable part runs: the reference, or a learner's (lab_utils.engine.parts)
+        # which version of each teachable part runs: the reference, or a learner's (lab_utils.course.parts)
         self.parts = parts if parts is not None else REFERENCE
         self.device = resolve_device(device)
         if self.device.type == "cuda" and self.device.index is not None:
@@ -98,7 +98,7 @@ class LLMEngine:
                                   slot_mapping=self.parts.function("attention.slot_mapping", None))
         self.spec = None  # speculative decoding (lab 07): turns decode steps into verify steps
         if config.speculative is not None:
-            from lab_utils.spec.engine_hook import SpecDecoder
+            from lab_utils.speculative.hook import SpecDecoder
 
             self.spec = SpecDecoder(config.speculative, self.runner.model, self.device, self.block_manager,
                                     self.max_model_len, self.kv_cache,  # the runner's model: packed lm head on CPU
@@ -252,7 +252,7 @@ class LLMEngine:
             if self.scheduler.has_work():
                 stuck = ([r for r in self.scheduler.running if not r.status.done] or list(self.scheduler.waiting))[0]
                 if self.parts:
-                    from lab_utils.engine.parts import PARTS, LearnerPartError
+                    from lab_utils.course.parts import PARTS, LearnerPartError
 
                     bm = self.block_manager
                     suspects = [f"{n} (lab {PARTS[n].lab}, {self.parts.origins.get(n, 'yours')})"

@@ -17,7 +17,7 @@ Every policy returns the same thing: a list of (request, number of tokens to com
 When blocks run out, the newest running request is preempted (recompute: drop its KV; swap: copy it to host).
 
 The methods a learner rewrites (`schedule_continuous`, `make_room`, `preempt`, `schedule_token_budget`) are the
-parts named in `lab_utils.engine.parts`; `schedule()` checks whatever a policy returns before the engine runs it,
+parts named in `lab_utils.course.parts`; `schedule()` checks whatever a policy returns before the engine runs it,
 so a wrong policy fails with a message that names the mistake, not deep inside the model.
 """
 from __future__ import annotations
@@ -28,7 +28,7 @@ from typing import Callable
 
 from lab_utils.engine.block_manager import BlockManager
 from lab_utils.engine.config import EngineConfig
-from lab_utils.engine.parts import LearnerPartError
+from lab_utils.course.parts import LearnerPartError
 from lab_utils.engine.request import Request, Status
 
 
@@ -48,8 +48,8 @@ def _whose(policy: Callable) -> str:
     name = getattr(policy, "__learner_part__", None)
     if name is None:
         return policy.__name__
-    from lab_utils.engine.parts import PARTS
-    from lab_utils.learner import learner_dir
+    from lab_utils.course.parts import PARTS
+    from lab_utils.course.learner_parts import learner_dir
 
     part = PARTS[name]
     return f"your {name} (lab {part.lab}, {learner_dir().name}/{part.component}.py)"

@@ -112,7 +112,7 @@ def run_parallel(model: str = "smollm2-135m", prompts=(), max_tokens: int = 16, 
     """Greedy-generate `max_tokens` for each prompt (text or token ids) with the model split over `world_size`
     processes; returns when every rank has exited. `backend="auto"`: NCCL on CUDA, gloo on CPU.
     `learner_parts` (mode "tp"): names of the learner's tensor-parallel parts every rank loads from my_engine/
-    (`lab_utils.learner.submit` saved them; `LAB_LEARNER_DIR` moves the folder) in place of the reference."""
+    (`lab_utils.course.learner_parts.submit` saved them; `LAB_LEARNER_DIR` moves the folder) in place of the reference."""
     if mode not in MODES:
         raise ValueError(f"mode={mode!r} is invalid: must be one of {MODES}")
     if dtype not in DTYPES:
@@ -191,11 +191,11 @@ def _launch(world, backend, device, model, ids, max_tokens, mode, dtype, threads
 def _learner_dir(learner_parts) -> str | None:
     if not learner_parts:
         return None
-    from lab_utils import learner
+    from lab_utils.course import learner_parts
     from lab_utils.parallel.tensor_parallel import load_tp_parts
 
     load_tp_parts(learner_parts)  # fail here, in the caller, when a part is missing or does not load
-    return str(learner.learner_dir().resolve())
+    return str(learner_parts.learner_dir().resolve())
 
 
 def stop_processes(procs, grace_s: float = 5.0) -> None:

@@ -76,7 +76,7 @@ class RowParallelLinear(nn.Module):
 
 def _check_shards(s: dict, full: dict, group: int, D: int) -> None:
     """The shapes a rank's shard must have to run at all; a wrong split says so here, not inside attention."""
-    from lab_utils.engine.parts import LearnerPartError
+    from lab_utils.course.parts import LearnerPartError
 
     missing = [k for k in LINEARS if not isinstance(s.get(k), torch.Tensor)]
     if missing:
@@ -95,9 +95,9 @@ def _check_shards(s: dict, full: dict, group: int, D: int) -> None:
 def load_tp_parts(names=()) -> tuple:
     """(shard_fn, row_fn, names used): the learner's saved versions of the parts in `names` (from my_engine/,
     `LAB_LEARNER_DIR`; these run in rank processes that cannot see the notebook), the reference elsewhere."""
-    from lab_utils import learner
+    from lab_utils.course import learner_parts
 
-    fns, mine = learner.saved_parts(names, {SHARD_PART: shard_weights, ROW_PART: row_parallel}, "tensor-parallel")
+    fns, mine = learner_parts.saved_parts(names, {SHARD_PART: shard_weights, ROW_PART: row_parallel}, "tensor-parallel")
     return fns[SHARD_PART], fns[ROW_PART], mine
 
 

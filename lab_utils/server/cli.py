@@ -38,9 +38,9 @@ def build_engine(args: argparse.Namespace):
 
     parts = None
     if args.learner_upto:
-        from lab_utils import learner
+        from lab_utils.course import learner_parts
 
-        parts = learner.parts(upto=args.learner_upto)
+        parts = learner_parts.parts(upto=args.learner_upto)
     return LLMEngine(args.model, engine_config_from_args(args), device=args.device, dtype=torch_dtype(args.dtype),
                      parts=parts)
 

@@ -74,7 +74,7 @@ async def openai_framing(lines: AsyncIterator[str], first: dict | None,
 def load_stream_part(names=()) -> tuple[Callable, list[str]]:
     """(the streaming loop the server runs, [STREAM_PART] when it is the learner's): the learner's saved version
     (from my_engine/server.py, `LAB_LEARNER_DIR`) when `names` asks for it, else the reference."""
-    from lab_utils import learner
+    from lab_utils.course import learner_parts
 
     names = list(names)
     unknown = [n for n in names if n != STREAM_PART]
@@ -82,8 +82,8 @@ def load_stream_part(names=()) -> tuple[Callable, list[str]]:
         raise ValueError(f"learner_parts: {unknown} are not server parts; the server's part is {STREAM_PART!r}")
     if not names:
         return stream_sse, []
-    fn = learner.load_part(STREAM_PART)
+    fn = learner_parts.load_part(STREAM_PART)
     if fn is None:
-        raise ValueError(f"learner_parts asks for your {STREAM_PART}, but {learner.learner_dir()} has none: run the "
-                         f"lab's check cell (it saves your function with learner.submit)")
+        raise ValueError(f"learner_parts asks for your {STREAM_PART}, but {learner_parts.learner_dir()} has none: run the "
+                         f"lab's check cell (it saves your function with learner_parts.submit)")
     return fn, [STREAM_PART]

@@ -2,7 +2,7 @@
 
 The checks of `lab_utils.checks.labNN` and `parts_check` are wrapped once, where they are defined
 (`record_checks(globals())` at the end of each module), so no lab cell changes. The log is JSON lines,
-`.lab_checks.jsonl` next to the learner's `my_engine/` folder (`lab_utils.learner.learner_dir()`), the
+`.lab_checks.jsonl` next to the learner's `my_engine/` folder (`lab_utils.course.learner_parts.learner_dir()`), the
 notebook's folder in Jupyter. `LAB_CHECKS_LOG` moves it; `LAB_CHECKS_LOG=off` turns recording off (the test
 suite does). The path comes only from this process's own environment and folder, a line carries no user name
 (the gradebook takes the learner from whose home the log is in), and a log owned by another Unix user is never
@@ -30,7 +30,7 @@ def records_path() -> Path | None:
     env = os.environ.get("LAB_CHECKS_LOG")
     if env is not None:
         return None if env.strip().lower() in OFF else Path(env).expanduser()
-    from lab_utils.learner import learner_dir
+    from lab_utils.course.learner_parts import learner_dir
 
     return learner_dir().parent / LOG_NAME
 
@@ -97,7 +97,7 @@ def _lab_of(module: str, fn: Callable, args: tuple, kwargs: dict) -> str:
         return bound["lab"]
     name = bound.get("name")
     if isinstance(name, str):
-        from lab_utils.engine.parts import PARTS
+        from lab_utils.course.parts import PARTS
 
         if name in PARTS:
             return PARTS[name].lab

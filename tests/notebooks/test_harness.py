@@ -6,7 +6,7 @@
 - every `labs/*.ipynb` (picked up automatically): its learner copy, written by `python -m lab_utils student` as
   `make lab` and Binder write it and run from its own folder as a learner runs it, stops at the first exercise
   with `NotImplementedError` carrying the hint, not earlier and not with another error. Only the cells up to
-  that exercise and its check are executed. (tests/unit/test_student.py checks that no copy holds solution text.)
+  that exercise and its check are executed. (tests/unit/test_learner_copies.py checks that no copy holds solution text.)
 """
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ import nbformat
 import pytest
 
 from lab_utils.paths import REPO_ROOT
-from lab_utils.student import (
+from lab_utils.course.learner_copies import (
     exercise_cells,
     find_regions,
     first_exercise_index,

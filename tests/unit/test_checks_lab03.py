@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from lab_utils import learner
+from lab_utils.course import learner_parts
 from lab_utils.checks import lab03
 from lab_utils.engine.request import Status
 from lab_utils.engine.scheduler import Scheduler, SchedulerOutput
@@ -72,10 +72,10 @@ def test_submit_makes_it_the_engines_part(tmp_path, monkeypatch):
     monkeypatch.setenv("LAB_LEARNER_DIR", str(tmp_path))
     try:
         lab03.check_schedule_token_budget(good, trials=20)
-        assert learner.parts(upto="03", quiet=True).is_learners(lab03.PART)
+        assert learner_parts.parts(upto="03", quiet=True).is_learners(lab03.PART)
         assert "def schedule_token_budget(" in (tmp_path / "scheduler.py").read_text()
     finally:
-        learner.forget()
+        learner_parts.forget()
 
 
 @pytest.mark.parametrize("bad, message", [

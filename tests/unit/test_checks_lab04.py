@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from lab_utils import learner
+from lab_utils.course import learner_parts
 from lab_utils.checks import lab04
 from lab_utils.engine.block_manager import BlockManager
 
@@ -63,11 +63,11 @@ def test_submit_makes_them_the_engines_parts(tmp_path, monkeypatch):
     try:
         for check, mine in CHECKS.values():
             check(mine, trials=10)
-        parts = learner.parts(upto="04", quiet=True)
+        parts = learner_parts.parts(upto="04", quiet=True)
         assert all(parts.is_learners(f"block_manager.{p}") for p in CHECKS)
         assert "def recycle(" in (tmp_path / "block_manager.py").read_text()
     finally:
-        learner.forget()
+        learner_parts.forget()
 
 
 @pytest.mark.parametrize("check, bad, message", [

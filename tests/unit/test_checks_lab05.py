@@ -6,10 +6,10 @@ import math
 import pytest
 import torch
 
-from lab_utils import learner
+from lab_utils.course import learner_parts
 from lab_utils.checks import lab05
 from lab_utils.engine.kv_cache import fp8_decode, fp8_encode
-from lab_utils.engine.parts import EngineParts
+from lab_utils.course.parts import EngineParts
 from lab_utils.quant.formats import FP8_E4M3
 from lab_utils.quant.linear import (
     dequantize_int4,
@@ -22,9 +22,9 @@ from lab_utils.quant.linear import (
 def learner_dir(tmp_path, monkeypatch):
     """Checks that pass submit the part: keep the saved files out of the repository."""
     monkeypatch.setenv("LAB_LEARNER_DIR", str(tmp_path / "my_engine"))
-    learner.forget()
+    learner_parts.forget()
     yield
-    learner.forget()
+    learner_parts.forget()
 
 
 # --- encode E4M3 -------------------------------------------------------------------------------------------------
@@ -155,7 +155,7 @@ def test_int4_checker_accepts_correct(capsys):
     lab05.check_int4_per_group(int4, dequant4, seed=0)
     lab05.check_int4_per_group(quantize_per_group_int4, dequantize_int4)
     assert "check_int4_per_group passed" in capsys.readouterr().out
-    assert learner.load_part("quant.dequantize_int4") is dequantize_int4
+    assert learner_parts.load_part("quant.dequantize_int4") is dequantize_int4
 
 
 @pytest.mark.parametrize("quant, dequant, message", [

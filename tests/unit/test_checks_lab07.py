@@ -4,19 +4,19 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lab_utils import learner
+from lab_utils.course import learner_parts
 from lab_utils.checks import lab07
-from lab_utils.engine.parts import EngineParts
-from lab_utils.spec.engine_hook import rollback
+from lab_utils.course.parts import EngineParts
+from lab_utils.speculative.hook import rollback
 
 
 @pytest.fixture(autouse=True)
 def learner_dir(tmp_path, monkeypatch):
     """Checks that pass submit the part: keep the saved files out of the repository."""
     monkeypatch.setenv("LAB_LEARNER_DIR", str(tmp_path / "my_engine"))
-    learner.forget()
+    learner_parts.forget()
     yield
-    learner.forget()
+    learner_parts.forget()
 
 
 def good_residual(p, q):
@@ -123,7 +123,7 @@ def test_rollback_accepts_a_correct_solution(capsys):
     lab07.check_rollback(rollback)
     lab07.check_rollback(good_rollback, seed=1)
     assert "check_rollback passed" in capsys.readouterr().out
-    assert learner.load_part("spec.rollback") is good_rollback
+    assert learner_parts.load_part("spec.rollback") is good_rollback
 
 
 @pytest.mark.parametrize("kw, message", [
@@ -219,7 +219,7 @@ def test_a_wrong_residual_alone_is_caught_through_the_engines_own_walk():
 
 
 # --- section 5's payoff arithmetic: figures of one run that contradict each other are refused ---------------
-from lab_utils.spec import payoff  # noqa: E402
+from lab_utils.speculative import payoff  # noqa: E402
 
 EAGLE = dict(tokens_per_verify=1.8, step_cost=0.2, measured=0.95)  # v 1.36, k 3: predicted 0.92x
 

@@ -82,11 +82,11 @@ def _last_takes_more(n, world, rank):
 
 @pytest.fixture
 def learner_dir(tmp_path, monkeypatch):
-    from lab_utils import learner
+    from lab_utils.course import learner_parts
 
     monkeypatch.setenv("LAB_LEARNER_DIR", str(tmp_path / "my_engine"))
     yield tmp_path / "my_engine"
-    learner.forget()
+    learner_parts.forget()
 
 
 def test_shard_checker_accepts_correct_and_submits(learner_dir, capsys):

@@ -68,11 +68,11 @@ from lab_utils.engine.request import Status
 
 @pytest.fixture
 def learner_dir(tmp_path, monkeypatch):
-    from lab_utils import learner
+    from lab_utils.course import learner_parts
 
     monkeypatch.setenv("LAB_LEARNER_DIR", str(tmp_path / "my_engine"))
     yield tmp_path / "my_engine"
-    learner.forget()
+    learner_parts.forget()
 
 
 def _slots(bt, n, bs):

@@ -80,11 +80,11 @@ from lab_utils.server.streaming import stream_sse
 
 @pytest.fixture
 def learner_dir(tmp_path, monkeypatch):
-    from lab_utils import learner
+    from lab_utils.course import learner_parts
 
     monkeypatch.setenv("LAB_LEARNER_DIR", str(tmp_path / "my_engine"))
     yield tmp_path / "my_engine"
-    learner.forget()
+    learner_parts.forget()
 
 
 def test_stream_checker_accepts_the_reference_and_submits(learner_dir, capsys):

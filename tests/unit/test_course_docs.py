@@ -158,7 +158,7 @@ def _check_names() -> dict[str, Path]:
 def test_every_exercise_is_followed_by_its_check(lab):
     import nbformat
 
-    from lab_utils.student import exercise_cells
+    from lab_utils.course.learner_copies import exercise_cells
 
     nb = nbformat.read(lab, as_version=4)
     checks = _check_names()

@@ -144,13 +144,13 @@ def import_kv(cache, block_table, kv, block_size):
 def test_the_kv_audit_catches_a_wrong_block_order_a_wrong_slot_and_a_stale_block(toy, tmp_path, monkeypatch):
     """Greedy tokens cannot show a hand-off that reorders whole blocks (with RoPE inside K, attention does not
     depend on the order of the (K, V) pairs), so the two-process path compares the KV itself, block by block."""
-    from lab_utils import learner
+    from lab_utils.course import learner_parts
 
     folder = tmp_path / "my_engine"
     folder.mkdir()
     (folder / "disagg.py").write_text(WRONG_IMPORT)
     monkeypatch.setenv("LAB_LEARNER_DIR", str(folder))
-    learner.forget()
+    learner_parts.forget()
     params = SamplingParams(max_tokens=4, ignore_eos=True)
     prompts = [list(range(5, 13))] + PROMPTS[1:]
     ref = colocated_run(toy, CFG, prompts, params, dtype="float64")

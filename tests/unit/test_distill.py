@@ -147,7 +147,7 @@ def test_prompt_mix_and_quote_prompts_stay_on_their_side_of_the_split():
     from lab_utils.distill.data import HELDOUT_PLAYS, make_prompts
     from lab_utils.models.loader import model_folder
     from lab_utils.models.tokenizer import load_tokenizer
-    from lab_utils.spec.workloads import quote_prompts
+    from lab_utils.speculative.training.workloads import quote_prompts
 
     tok = load_tokenizer(model_folder("smollm2-135m"))
     ps = make_prompts(tok, 20, "train", mix=(0.5, 0.0, 0.0, 0.5))

@@ -54,7 +54,7 @@ def smollm2_shape():
 
 @pytest.mark.parametrize("method", ["medusa", "eagle"])
 def test_sampled_proposals_follow_the_proposers_seeded_generator(smollm2_shape, method):
-    from lab_utils.spec import make_proposer
+    from lab_utils.speculative import make_proposer
 
     model = smollm2_shape
     ids = list(range(1000, 1040))

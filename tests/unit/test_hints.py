@@ -29,10 +29,11 @@ import tokenize
 import nbformat
 import pytest
 
-from lab_utils import hints, student
+from lab_utils import hints
+from lab_utils.course import learner_copies
 from lab_utils.hint_texts import HINTS
 
-LABS = sorted((student.REPO_ROOT / "labs").glob("*.ipynb"))
+LABS = sorted((learner_copies.REPO_ROOT / "labs").glob("*.ipynb"))
 _KEYWORDS = set(keyword.kwlist)
 _WORD_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
@@ -126,16 +127,16 @@ def _exercises():
     out = []
     for path in LABS:
         nb = nbformat.read(path, as_version=4)
-        lab = student.lab_number(path.name)
-        for i in student.exercise_cells(nb):
+        lab = learner_copies.lab_number(path.name)
+        for i in learner_copies.exercise_cells(nb):
             src = nb.cells[i].source
             before = next((nb.cells[j].source for j in range(i - 1, -1, -1) if nb.cells[j].cell_type == "markdown"),
                           "")
             docs = [ast.get_docstring(n) or "" for n in ast.walk(ast.parse(src))
                     if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
             lines = src.split("\n")
-            for r in student.find_regions(src):
-                ex_id = student.exercise_id(lab, src, r)
+            for r in learner_copies.find_regions(src):
+                ex_id = learner_copies.exercise_id(lab, src, r)
                 body = "\n".join(lines[r.start + 1:r.end])
                 out.append((ex_id, body, {"markdown": before, "docstrings": "\n".join(docs),
                                           "NotImplementedError": r.hint}))
@@ -265,12 +266,12 @@ def test_stats_reports_hints_asked_and_keeps_its_thresholds(tmp_path):
 
 
 def test_learner_copy_says_how_to_ask_for_a_hint(tmp_path):
-    student.write_student_copies(student.REPO_ROOT / "labs", tmp_path, quiet=True)
+    learner_copies.write_student_copies(learner_copies.REPO_ROOT / "labs", tmp_path, quiet=True)
     copy = nbformat.read(tmp_path / "02_paged_kv_cache.ipynb", as_version=4)
     cell = next(c.source for c in copy.cells if "def grow(" in c.source)
     lines = cell.split("\n")
     i = next(k for k, line in enumerate(lines) if "raise NotImplementedError" in line)
-    assert lines[i - 1] == student.hint_line("    ", "02.grow")
+    assert lines[i - 1] == learner_copies.hint_line("    ", "02.grow")
     ns: dict = {}
     exec(compile(lines[i - 1].split("# Stuck? ", 1)[1].split(";")[0], "<hint line>", "exec"), ns)
     assert ns["hint"] is hints.hint

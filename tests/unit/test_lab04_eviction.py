@@ -8,11 +8,12 @@ import random
 
 import pytest
 
-from lab_utils import LLMEngine, SamplingParams, learner
+from lab_utils import LLMEngine, SamplingParams
+from lab_utils.course import learner_parts
 from lab_utils.checks.claims import parts_called
 from lab_utils.checks.lab04 import CACHED_RUN_PARTS
 from lab_utils.engine.block_manager import BlockManager
-from lab_utils.engine.parts import EngineParts
+from lab_utils.course.parts import EngineParts
 
 BS = 16
 
@@ -44,7 +45,7 @@ def _parts() -> EngineParts:
 
 def _serve(tiny64, parts: EngineParts, num_blocks: int, requests: list[list[int]]) -> int:
     before = parts.calls.copy()
-    config = learner.engine_config("04", enable_prefix_caching=True, block_size=BS, num_gpu_blocks=num_blocks,
+    config = learner_parts.engine_config("04", enable_prefix_caching=True, block_size=BS, num_gpu_blocks=num_blocks,
                                    max_num_batched_tokens=512, seed=0)
     eng = LLMEngine(tiny64, config, device="cpu", parts=parts)
     for p in requests:  # one at a time, as the lab replays

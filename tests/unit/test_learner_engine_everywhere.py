@@ -1,5 +1,5 @@
 """A learner's parts run wherever the course builds an engine after their lab: a folder holding the parts of labs
-01-05 (the labs' own solutions, saved the way `learner.submit` saves them) gives lab 07 a parts table that names
+01-05 (the labs' own solutions, saved the way `learner_parts.submit` saves them) gives lab 07 a parts table that names
 them as the learner's, and the engines built the way labs 07, 08, 12 and 13 build them call those parts."""
 from __future__ import annotations
 
@@ -13,10 +13,11 @@ import nbformat
 import pytest
 import torch
 
-from lab_utils import EngineConfig, LLMEngine, SamplingParams, learner
-from lab_utils.engine import parts as parts_mod
+from lab_utils import EngineConfig, LLMEngine, SamplingParams
+from lab_utils.course import learner_parts
+from lab_utils.course import parts as parts_mod
 from lab_utils.engine.config import SpecConfig
-from lab_utils.engine.parts import PARTS
+from lab_utils.course.parts import PARTS
 from lab_utils.models.loader import load_model
 from lab_utils.paths import REPO_ROOT
 
@@ -51,7 +52,7 @@ def solutions_module(tmp_path_factory) -> object:
     path = tmp_path_factory.mktemp("solutions") / "lab_solutions.py"
     body = "\n\n".join(_solution(PARTS[n].lab, PARTS[n].attr).replace(f"def {PARTS[n].attr}(", f"def {n.replace('.', '__')}(", 1)
                        for n in WRITTEN)
-    path.write_text(learner._HEADER.format(component="solutions") + "\n\n" + body, encoding="utf-8")
+    path.write_text(learner_parts._HEADER.format(component="solutions") + "\n\n" + body, encoding="utf-8")
     spec = importlib.util.spec_from_file_location("lab_solutions", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -63,12 +64,12 @@ def learner_folder(tmp_path, monkeypatch, solutions_module) -> Path:
     """A my_engine/ folder with the parts of labs 01-05, and no kernel registry (a later lab's fresh kernel)."""
     folder = tmp_path / "my_engine"
     monkeypatch.setenv("LAB_LEARNER_DIR", str(folder))
-    learner.forget()
+    learner_parts.forget()
     for name in WRITTEN:
-        learner.submit(name, getattr(solutions_module, name.replace(".", "__")))
-    learner.forget()
+        learner_parts.submit(name, getattr(solutions_module, name.replace(".", "__")))
+    learner_parts.forget()
     yield folder
-    learner.forget()
+    learner_parts.forget()
 
 
 @pytest.fixture
@@ -103,7 +104,7 @@ def _prompts(tok, n=4):
 
 
 def test_lab07_table_names_the_learners_parts(learner_folder, capsys):
-    parts = learner.parts(upto="07")
+    parts = learner_parts.parts(upto="07")
     table = capsys.readouterr().out
     for name in WRITTEN:
         line = next(line for line in table.splitlines() if f" {name} " in line)
@@ -114,7 +115,7 @@ def test_lab07_table_names_the_learners_parts(learner_folder, capsys):
             assert "reference" in line and "yours ran in its lab" in line, line
     assert all("you have not written it yet" in line for line in table.splitlines() if " spec." in line)
     # the check's engine takes only lab 07's parts: the others are said to be saved, not missing
-    learner.parts(upto="07", only=["spec.residual"])
+    learner_parts.parts(upto="07", only=["spec.residual"])
     checked = capsys.readouterr().out
     assert "quant.quantize_per_channel_int8" in checked
     assert not any("not written" in line for line in checked.splitlines() if " quant." in line or " kv_cache." in line)
@@ -122,10 +123,10 @@ def test_lab07_table_names_the_learners_parts(learner_folder, capsys):
 
 
 def test_lab07_engines_and_the_self_draft_call_the_learners_parts(learner_folder, calls, model_tok):
-    from lab_utils.spec.measure import build_engines
+    from lab_utils.speculative.measure import build_engines
 
     model, tok = model_tok
-    parts = learner.parts(upto="07", quiet=True)
+    parts = learner_parts.parts(upto="07", quiet=True)
     methods = {"none": None, "ngram k=3": SpecConfig("ngram", 3, prompt_lookup_min=2, prompt_lookup_max=5),
                "self-draft k=3": SpecConfig("draft", 3, model=MODEL, quantization="w8a8")}
     engines = build_engines((model, tok), methods, device="cpu", parts=parts)
@@ -143,7 +144,7 @@ def test_lab08_backend_calls_the_learners_parts(learner_folder, calls, model_tok
     from lab_utils.bench.workload import Workload, WorkloadRequest
 
     model, tok = model_tok
-    parts = learner.parts(upto="08", quiet=True)
+    parts = learner_parts.parts(upto="08", quiet=True)
     # lab 08's sweep: chunked prefill, prefix cache, an FP8 KV cache, a KV budget too small for all at once
     cfg = EngineConfig(max_num_seqs=4, max_num_batched_tokens=32, block_size=16, num_gpu_blocks=10,
                        enable_prefix_caching=True, enable_chunked_prefill=True, kv_cache_dtype="fp8")
@@ -167,9 +168,9 @@ def test_lab12_server_runs_the_learners_engine(learner_folder, calls, monkeypatc
     from lab_utils.server.cli import build_engine
     from lab_utils.server.streaming import stream_sse
 
-    learner.submit("server.stream_sse", stream_sse)  # lab 12's own part
-    learner.forget()
-    load_part = learner.load_part
+    learner_parts.submit("server.stream_sse", stream_sse)  # lab 12's own part
+    learner_parts.forget()
+    load_part = learner_parts.load_part
 
     def counted_load_part(name):  # the server loads its loop with load_part, outside EngineParts: count it here
         fn = load_part(name)
@@ -180,7 +181,7 @@ def test_lab12_server_runs_the_learners_engine(learner_folder, calls, monkeypatc
 
         return None if fn is None else counted
 
-    monkeypatch.setattr(learner, "load_part", counted_load_part)
+    monkeypatch.setattr(learner_parts, "load_part", counted_load_part)
     # the server process lab 12 starts: LabServer(..., learner_parts=["server.stream_sse"], learner_upto="12")
     args = build_parser("serve").parse_args(["serve", "--model", MODEL, "--device", "cpu", "--dtype", "float32",
                                              "--max-num-seqs", "8", "--learner-parts", "server.stream_sse",
@@ -202,7 +203,7 @@ def test_lab12_server_runs_the_learners_engine(learner_folder, calls, monkeypatc
 
 def test_lab13_engines_call_the_learners_parts(learner_folder, calls, model_tok):
     model, tok = model_tok
-    parts = learner.parts(upto="13", quiet=True)
+    parts = learner_parts.parts(upto="13", quiet=True)
     engine = LLMEngine((model, tok), EngineConfig(max_num_seqs=64, kv_cache_memory_bytes=8 << 20), device="cpu",
                        parts=parts)  # lab 13's config, with the learner's parts
     engine.generate(_prompts(tok), SamplingParams(max_tokens=6, ignore_eos=True))
@@ -213,11 +214,11 @@ def test_lab13_engines_call_the_learners_parts(learner_folder, calls, model_tok)
 
 def test_the_engines_quantizers_are_the_learners(learner_folder, calls, model_tok):
     model, tok = model_tok
-    parts = learner.parts(upto="05", quiet=True)
+    parts = learner_parts.parts(upto="05", quiet=True)
     for method, used in (("int8", ["quant.quantize_per_channel_int8"]),
                          ("int4", ["quant.quantize_per_group_int4", "quant.dequantize_int4"])):
         calls.clear()
-        eng = LLMEngine((model, tok), learner.engine_config("05", quantization=method, num_gpu_blocks=32), device="cpu",
+        eng = LLMEngine((model, tok), learner_parts.engine_config("05", quantization=method, num_gpu_blocks=32), device="cpu",
                         parts=parts)
         eng.generate(_prompts(tok, 2), SamplingParams(max_tokens=3, ignore_eos=True))
         assert all(calls[n] > 0 for n in used), dict(calls)
@@ -234,7 +235,7 @@ def test_lab10_baseline_and_both_workers_run_the_learners_engine(learner_folder,
     cfg = EngineConfig(max_num_seqs=4, max_num_batched_tokens=64, block_size=4, num_gpu_blocks=128)
     prompts = [list(range(5, 14 + 3 * i)) for i in range(3)]
     params = SamplingParams(max_tokens=4, ignore_eos=True)
-    parts = learner.parts(upto="09", quiet=True)
+    parts = learner_parts.parts(upto="09", quiet=True)
     engine = LLMEngine(load_model(toy, device="cpu", dtype=torch.float64), cfg, device="cpu", parts=parts)
     ref = colocated_run(engine, cfg, prompts, params)
     missing = sorted(n for n in expected(engine) if calls[n] == 0)

@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 from mistake_catalogue import CATALOGUE, Mistake
 
-from lab_utils import learner
+from lab_utils.course import learner_parts
 from lab_utils.checks import lab01, lab02, lab03, lab04, parts_check
-from lab_utils.engine.parts import PARTS
+from lab_utils.course.parts import PARTS
 
 
 def ref(name: str):
@@ -52,13 +52,13 @@ def failures(tmp_path_factory) -> dict[str, AssertionError | None]:
         mp.setenv("LAB_LEARNER_DIR", str(folder))
         out = {}
         for m in CATALOGUE:
-            learner.forget()
+            learner_parts.forget()
             try:
                 run_check(m)
                 out[m.id] = None
             except AssertionError as err:
                 out[m.id] = err
-        learner.forget()
+        learner_parts.forget()
     return out
 
 
@@ -99,13 +99,13 @@ def test_the_reference_parts_pass_every_check(tmp_path, monkeypatch):
     for check in sorted({m.check for m in CATALOGUE}):
         part = next(m.part for m in CATALOGUE if m.check == check)
         run_check(Mistake(part, PARTS[part].lab, check, ref(part), "", None))
-    learner.forget()
+    learner_parts.forget()
 
 
 def test_a_wrong_part_that_stops_a_later_labs_engine_is_named_with_its_lab_and_file(tmp_path, monkeypatch):
     """The tester's case: lab 03's step ignoring start()'s return stops lab 04's engine (prefix caching on); the
     message names that step, lab 03 and my_engine/scheduler.py, and its first wrong value, not the block manager."""
-    from lab_utils.engine.parts import EngineParts
+    from lab_utils.course.parts import EngineParts
     from mistake_catalogue import budget_ignores_start
 
     monkeypatch.setenv("LAB_LEARNER_DIR", str(tmp_path / "my_engine"))

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from lab_utils import EngineConfig, LLMEngine, SamplingParams, learner
+from lab_utils import EngineConfig, LLMEngine, SamplingParams
+from lab_utils.course import learner_parts
 from lab_utils.checks import parts_check
 from lab_utils.engine.block_manager import BlockManager
-from lab_utils.engine.parts import PARTS, EngineParts, LearnerPartError
+from lab_utils.course.parts import PARTS, EngineParts, LearnerPartError
 from lab_utils.engine.request import Status
 from lab_utils.engine.scheduler import SchedulerOutput
 
@@ -22,9 +23,9 @@ CORE = [n for n in PARTS if PARTS[n].lab <= "04"]  # the parts check_part knows 
 @pytest.fixture(autouse=True)
 def learner_dir(tmp_path, monkeypatch):
     monkeypatch.setenv("LAB_LEARNER_DIR", str(tmp_path / "my_engine"))
-    learner.forget()
+    learner_parts.forget()
     yield tmp_path / "my_engine"
-    learner.forget()
+    learner_parts.forget()
 
 
 @pytest.mark.parametrize("name", CORE)
@@ -188,10 +189,10 @@ def test_wrong_signature_is_refused():
 
 
 def test_saved_parts_carry_into_a_later_lab_and_missing_ones_fall_back(learner_dir, capsys):
-    learner.submit("scheduler.schedule_continuous", reference("scheduler.schedule_continuous"))
+    learner_parts.submit("scheduler.schedule_continuous", reference("scheduler.schedule_continuous"))
     assert (learner_dir / "scheduler.py").exists()
-    learner.forget()  # a new kernel: only the file is left
-    parts = learner.parts(upto="02")
+    learner_parts.forget()  # a new kernel: only the file is left
+    parts = learner_parts.parts(upto="02")
     printed = capsys.readouterr().out
     assert parts.is_learners("scheduler.schedule_continuous") and not parts.is_learners("block_manager.grow")
     assert "my_engine/scheduler.py" in printed and "you have not written it yet" in printed
@@ -201,29 +202,29 @@ def test_saved_parts_carry_into_a_later_lab_and_missing_ones_fall_back(learner_d
 
 
 def test_engine_config_grows_with_the_labs():
-    c1, c2, c3, c4 = (learner.engine_config(lab) for lab in ("01", "02", "03", "04"))
+    c1, c2, c3, c4 = (learner_parts.engine_config(lab) for lab in ("01", "02", "03", "04"))
     assert (c1.kv_layout, c1.scheduler, c1.enable_chunked_prefill, c1.enable_prefix_caching) == \
         ("contiguous", "continuous", False, False)
     assert (c2.kv_layout, c2.scheduler) == ("paged", "continuous")
     assert (c3.scheduler, c3.enable_chunked_prefill, c3.enable_prefix_caching) == ("token_budget", True, False)
-    assert c4.enable_prefix_caching and learner.engine_config("07").enable_prefix_caching
-    assert learner.engine_config("01", max_num_seqs=3).max_num_seqs == 3
+    assert c4.enable_prefix_caching and learner_parts.engine_config("07").enable_prefix_caching
+    assert learner_parts.engine_config("01", max_num_seqs=3).max_num_seqs == 3
 
 
 def test_the_engines_version_is_shown_only_after_the_learners_passed(capsys):
-    learner.show_reference("block_manager.grow")
+    learner_parts.show_reference("block_manager.grow")
     assert "once yours has passed its check" in capsys.readouterr().out
-    learner.submit("block_manager.grow", reference("block_manager.grow"))
-    learner.show_reference("block_manager.grow")
+    learner_parts.submit("block_manager.grow", reference("block_manager.grow"))
+    learner_parts.show_reference("block_manager.grow")
     shown = capsys.readouterr().out
     assert "The engine's own `grow`" in shown and "take_block()" in shown
 
 
 def test_the_slot_mapping_runs_in_its_own_lab_only(capsys):
-    learner.submit("attention.slot_mapping", reference("attention.slot_mapping"))
-    learner.submit("block_manager.grow", reference("block_manager.grow"))
-    assert learner.parts(upto="02").is_learners("attention.slot_mapping")
-    later = learner.parts(upto="03")
+    learner_parts.submit("attention.slot_mapping", reference("attention.slot_mapping"))
+    learner_parts.submit("block_manager.grow", reference("block_manager.grow"))
+    assert learner_parts.parts(upto="02").is_learners("attention.slot_mapping")
+    later = learner_parts.parts(upto="03")
     assert not later.is_learners("attention.slot_mapping") and later.is_learners("block_manager.grow")
     assert "later labs use the engine's fast version" in capsys.readouterr().out
 

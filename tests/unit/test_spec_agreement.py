@@ -9,11 +9,11 @@ import pytest
 import torch
 
 from lab_utils.engine.config import EngineConfig, SpecConfig
-from lab_utils.spec.agreement import ProposalRecorder, accepted_from_text, replay, teacher_forced
-from lab_utils.spec.eagle import EagleHead, eagle_config_for
-from lab_utils.spec.heads_train import acceptance_summary
-from lab_utils.spec.medusa import CONFIG_NAME as MEDUSA_CONFIG
-from lab_utils.spec.medusa import MedusaHeads, save_heads, top_tokens
+from lab_utils.speculative.agreement import ProposalRecorder, accepted_from_text, replay, teacher_forced
+from lab_utils.speculative.eagle import EagleHead, eagle_config_for
+from lab_utils.speculative.training.train import acceptance_summary
+from lab_utils.speculative.medusa import CONFIG_NAME as MEDUSA_CONFIG
+from lab_utils.speculative.medusa import MedusaHeads, save_heads, top_tokens
 
 PROMPTS = [[5, 17, 99, 3, 40, 41, 42, 7], [9, 8, 7, 6, 5], [11, 12, 13, 14, 15, 16]]
 
@@ -34,7 +34,7 @@ def _random_heads(method: str, model, folder, vocab: torch.Tensor | None = None)
             torch.nn.init.normal_(p, 0, 0.5)
         cfg, name = heads.config(), MEDUSA_CONFIG
     else:
-        from lab_utils.spec.eagle import CONFIG_NAME
+        from lab_utils.speculative.eagle import CONFIG_NAME
 
         heads = EagleHead(eagle_config_for(model.config), window=4)
         for p in heads.parameters():
@@ -119,7 +119,7 @@ def test_acceptance_summary_conditional():
 
 
 def test_payoff_arithmetic():
-    from lab_utils.spec.payoff import breakeven_acceptance, expected_tokens, predicted_speedup
+    from lab_utils.speculative.payoff import breakeven_acceptance, expected_tokens, predicted_speedup
 
     assert expected_tokens([0.5, 0.5]) == 1.75 and expected_tokens([]) == 1.0
     assert predicted_speedup(2.0, 4, 0.1, 1.0) == pytest.approx(2.0 / 1.4)
@@ -132,7 +132,7 @@ def test_payoff_arithmetic():
 
 
 def test_check_payoff_accepts_figures_that_agree():
-    from lab_utils.spec.payoff import breakeven_acceptance, check_payoff
+    from lab_utils.speculative.payoff import breakeven_acceptance, check_payoff
 
     rows = {"eagle": dict(tokens_per_verify=1.8, step_cost=0.2, measured=0.85),   # predicted 1.8 / 1.96 = 0.92
             "self-draft": dict(tokens_per_verify=3.7, step_cost=0.15, measured=1.9)}

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lab_utils.spec.heads_corpus import CorpusSpec, _sources, fixed_sequences, gen_prompts
+from lab_utils.speculative.training.corpus import CorpusSpec, _sources, fixed_sequences, gen_prompts
 
 
 def test_shards_alternate_and_the_cache_name_ignores_their_count():
@@ -23,7 +23,7 @@ def tok():
 
 
 def test_training_prompts_never_hold_heldout_text(tok):
-    from lab_utils.spec.workloads import QUESTIONS
+    from lab_utils.speculative.training.workloads import QUESTIONS
 
     held_docs, held_plays = _sources(heldout=True)
     train_docs, train_plays = _sources(heldout=False)
@@ -38,8 +38,8 @@ def test_training_prompts_never_hold_heldout_text(tok):
 
 
 def test_assistant_shards_extend_the_corpus_and_keep_lab07_unseen():
-    from lab_utils.spec.assistant_prompts import HELDOUT_WORDS, assistant_requests
-    from lab_utils.spec.workloads import QUESTIONS
+    from lab_utils.speculative.training.assistant_prompts import HELDOUT_WORDS, assistant_requests
+    from lab_utils.speculative.training.workloads import QUESTIONS
 
     s = CorpusSpec(gen_shards=1, fixed_shards=1, asst_shards=2)
     assert s.shard_names() == ["heldout", "heldout_asst", "gen00", "fixed00", "asst00", "asst01"]
@@ -60,7 +60,7 @@ def tiny_corpus():
     """A real (tiny-random) corpus with one shard of each kind, removed afterwards."""
     import shutil
 
-    from lab_utils.spec.heads_corpus import build_corpus
+    from lab_utils.speculative.training.corpus import build_corpus
 
     spec = CorpusSpec(model="tiny-random", gen_shards=1, fixed_shards=1, asst_shards=1, shard_prompts=3,
                       max_new_tokens=6, fixed_len=24, heldout_prompts=2, seed=9173)
@@ -73,7 +73,7 @@ def tiny_corpus():
 def test_draft_records_from_the_corpus_label_every_position_with_the_targets_greedy_token(tiny_corpus, tok):
     from lab_utils.distill.corpus_targets import corpus_records
     from lab_utils.distill.train import pad_batch
-    from lab_utils.spec.heads_corpus import load_corpus_shards
+    from lab_utils.speculative.training.corpus import load_corpus_shards
 
     recs, meta = corpus_records(tiny_corpus, tok)
     shards = load_corpus_shards(tiny_corpus)
@@ -91,7 +91,7 @@ def test_draft_records_from_the_corpus_label_every_position_with_the_targets_gre
 
 
 def test_generation_starts_at_the_first_answer_token(tok):
-    from lab_utils.spec.heads_data import Sequence, _chat, generation_starts
+    from lab_utils.speculative.training.data import Sequence, _chat, generation_starts
 
     prompt = _chat(tok, "Why is it that cats purr?")               # ... <|im_start|> ass istant \n
     answer = tok.encode("Cats purr when content.", add_special_tokens=False)

@@ -11,10 +11,10 @@ import torch
 from lab_utils import EngineConfig, LLMEngine, SamplingParams
 from lab_utils.checks.teacher_forced import assert_greedy_outputs_agree
 from lab_utils.engine.config import SpecConfig
-from lab_utils.spec import make_proposer, verify
-from lab_utils.spec.draft import DraftModelProposer
-from lab_utils.spec.ngram import prompt_lookup
-from lab_utils.spec.verify import (
+from lab_utils.speculative import make_proposer, verify
+from lab_utils.speculative.draft import DraftModelProposer
+from lab_utils.speculative.ngram import prompt_lookup
+from lab_utils.speculative.verify import (
     expected_tokens_per_step,
     verify_greedy,
     verify_sampling,
@@ -281,7 +281,7 @@ def test_self_draft_copies_the_targets_kv_instead_of_prefilling(tiny64, other_dr
     """A draft with the target's weights (here: loaded by name, as SpecConfig(model=<the target>) does) takes the
     prompt's K/V from the target's paged cache instead of running its own prefill; a different draft does not.
     Output stays the target's, and the guesses are as good (a float64 self-draft is accepted every time)."""
-    from lab_utils.spec.draft import ADOPT_MIN_TOKENS, same_weights
+    from lab_utils.speculative.draft import ADOPT_MIN_TOKENS, same_weights
 
     prompts = [p for p in _prompts(8, seed=5) if len(p) > ADOPT_MIN_TOKENS + 1][:4]
     assert prompts

@@ -11,9 +11,9 @@ import torch
 from lab_utils.engine.config import SpecConfig
 from lab_utils.models.llama import LlamaConfig
 from lab_utils.paths import DATA_DIR
-from lab_utils.spec.eagle import EagleHead, EagleProposer, eagle_config_for, load_eagle
-from lab_utils.spec.heads_data import _chat, generate_with_features
-from lab_utils.spec.heads_train import (
+from lab_utils.speculative.eagle import EagleHead, EagleProposer, eagle_config_for, load_eagle
+from lab_utils.speculative.training.data import _chat, generate_with_features
+from lab_utils.speculative.training.train import (
     eagle_batch,
     eagle_loss,
     eval_eagle,
@@ -24,7 +24,7 @@ from lab_utils.spec.heads_train import (
     train_eagle,
     train_medusa,
 )
-from lab_utils.spec.medusa import MedusaHeads, MedusaProposer, VocabHead, load_medusa, top_tokens
+from lab_utils.speculative.medusa import MedusaHeads, MedusaProposer, VocabHead, load_medusa, top_tokens
 
 TINY = LlamaConfig(vocab_size=100, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4,
                    num_key_value_heads=2)
@@ -154,7 +154,7 @@ def test_heads_reject_a_target_of_another_width(tiny64):
 @pytest.fixture(scope="module")
 def heldout(smollm2):
     """The target's own greedy continuations of prompts unlike the training prompts (+ its features)."""
-    from lab_utils.spec.heads_data import Sequence
+    from lab_utils.speculative.training.data import Sequence
 
     model, tok = smollm2
     prompts = [_chat(tok, "Describe how a bicycle works."), _chat(tok, "Why do cats purr?"),

@@ -4,8 +4,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lab_utils.spec.medusa import MedusaHeads
-from lab_utils.spec.warm_start import chain, load_into, prior_run, runs_line
+from lab_utils.speculative.medusa import MedusaHeads
+from lab_utils.speculative.training.warm_start import chain, load_into, prior_run, runs_line
 
 
 def _run(cmd: str, positions: int, seconds: int, curve: list[tuple[int, float]]) -> dict:

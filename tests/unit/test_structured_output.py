@@ -195,7 +195,7 @@ def other_draft():
 def test_speculative_decoding_with_a_grammar_is_greedy_identical(tiny64, other_draft, method):
     """Guesses come from an unconstrained proposer, so many break the grammar: they are cut or rejected, and
     the output equals non-speculative constrained decoding token for token."""
-    from lab_utils.spec.draft import DraftModelProposer
+    from lab_utils.speculative.draft import DraftModelProposer
 
     prompts = [p * 3 for p in _prompts(5, seed=8)]  # repeats: n-gram lookup finds guesses
     params = [SamplingParams(max_tokens=120, structured_output=_so(t)) if i % 3 else

@@ -97,7 +97,7 @@ def test_workshop_command_writes_the_config_and_needs_an_instructor(tmp_path):
 
 
 def test_the_learners_engine_takes_the_rooms_kv_budget(monkeypatch):
-    from lab_utils.learner import engine_config
+    from lab_utils.course.learner_parts import engine_config
 
     monkeypatch.delenv("LAB_KV_CACHE_MEMORY_BYTES", raising=False)
     assert engine_config("02").kv_cache_memory_bytes is None

@@ -13,7 +13,7 @@ import torch
 from lab_utils.engine.config import EngineConfig, SpecConfig
 from lab_utils.engine.engine import LLMEngine
 from lab_utils.engine.sampling_params import SamplingParams
-from lab_utils.spec.engine_hook import SpecStats
+from lab_utils.speculative.hook import SpecStats
 
 
 def build_engines(model_tok, methods: dict[str, SpecConfig | None], device: str = "cpu", parts=None,

@@ -23,9 +23,9 @@ import torch
 
 from lab_utils.engine.request import Request
 from lab_utils.engine.sampler import apply_top_k_top_p, sample
-from lab_utils.spec import make_proposer
-from lab_utils.spec.base import Proposal
-from lab_utils.spec.verify import accept_reject, verify_greedy, verify_sampling
+from lab_utils.speculative import make_proposer
+from lab_utils.speculative.base import Proposal
+from lab_utils.speculative.verify import accept_reject, verify_greedy, verify_sampling
 
 
 @dataclass
@@ -179,7 +179,7 @@ class SpecDecoder:
             toks = verify_sampling(target_probs(logits, req.params), guesses, prop.probs, req.generator, self.walk)
         accepted = len(toks) - 1
         if not 0 <= accepted <= len(guesses) or toks[:accepted] != list(guesses[:accepted]):
-            from lab_utils.engine.parts import LearnerPartError
+            from lab_utils.course.parts import LearnerPartError
 
             raise LearnerPartError(f"the verify step returned {toks} for the guesses {list(guesses)}: the kept guesses "
                                    f"(0..{len(guesses)} of them, in order) and then one token")

@@ -21,8 +21,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from lab_utils.models.llama import LlamaConfig, LlamaDecoderLayer, RotaryEmbedding
-from lab_utils.spec.base import Proposal, Proposer
-from lab_utils.spec.medusa import VOCAB_KEY, VocabHead, check_target, load_state, resolve_heads_dir
+from lab_utils.speculative.base import Proposal, Proposer
+from lab_utils.speculative.medusa import VOCAB_KEY, VocabHead, check_target, load_state, resolve_heads_dir
 
 CONFIG_NAME = "eagle_config.json"   # not config.json: the model registry treats that as a full model folder
 DEFAULT_HEADS = "smollm2-eagle"

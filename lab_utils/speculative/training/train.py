@@ -14,9 +14,9 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from lab_utils.spec.eagle import EagleHead, draft_chain
-from lab_utils.spec.heads_data import Sequence
-from lab_utils.spec.medusa import MedusaHeads, VocabHead
+from lab_utils.speculative.eagle import EagleHead, draft_chain
+from lab_utils.speculative.training.data import Sequence
+from lab_utils.speculative.medusa import MedusaHeads, VocabHead
 
 
 @dataclass

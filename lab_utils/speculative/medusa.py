@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from lab_utils.spec.base import Proposal, Proposer
+from lab_utils.speculative.base import Proposal, Proposer
 
 CONFIG_NAME = "medusa_config.json"   # not config.json: the model registry treats that as a full model folder
 WEIGHTS_NAME = "model.safetensors"

@@ -13,7 +13,7 @@ from __future__ import annotations
 import random
 import re
 
-# words of lab 07's chat questions (lab_utils.spec.workloads.QUESTIONS): no training request contains one
+# words of lab 07's chat questions (lab_utils.speculative.training.workloads.QUESTIONS): no training request contains one
 HELDOUT_WORDS = ("france", "paris", "cook", "sky", "blue", "hash", "rain", "friend")
 
 CONCEPTS = (

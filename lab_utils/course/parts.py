@@ -9,7 +9,7 @@ learner's version has the same name and signature. `EngineParts` says which vers
     engine = LLMEngine(model, config, parts=parts)
 
 The engine then builds its `BlockManager` as a subclass whose `grow` is `my_grow` (so `self` inside it is the
-real block manager), and runs it. `lab_utils.learner` collects a learner's parts across labs (saved in files,
+real block manager), and runs it. `lab_utils.course.learner_parts` collects a learner's parts across labs (saved in files,
 as tiny-llm keeps a student package beside its reference one); this module only knows how to plug them in.
 
 An exception inside a learner's part reaches the lab as `LearnerPartError` naming the part (with the original
@@ -232,14 +232,14 @@ PARTS.update({p.name: p for p in [
          ref="lab_utils.engine.kv_cache:fp8_decode"),
     Part("spec.residual", "07", "(p, q) -> Tensor",
          "where to draw after a rejection: max(0, p - q) normalised (p itself when p == q)",
-         ref="lab_utils.spec.verify:residual"),
+         ref="lab_utils.speculative.verify:residual"),
     Part("spec.accept_reject", "07", "(p, q, draft, u) -> (n_accepted, dist)",
          "keep guess i while u[i] < min(1, p_i(x)/q_i(x)); the residual at the first rejection, else p[k]",
-         ref="lab_utils.spec.verify:accept_reject"),
+         ref="lab_utils.speculative.verify:accept_reject"),
     Part("spec.verify_greedy", "07", "(logits, draft) -> list[int]",
          "greedy verify: keep guesses while each is the target's argmax, then its argmax (correction or bonus)",
-         ref="lab_utils.spec.verify:verify_greedy"),
+         ref="lab_utils.speculative.verify:verify_greedy"),
     Part("spec.rollback", "07", "(req, block_manager, num_guesses, num_accepted) -> None",
          "after a verify: take the guesses out of the request, uncount the rejected ones, free their blocks",
-         ref="lab_utils.spec.engine_hook:rollback"),
+         ref="lab_utils.speculative.hook:rollback"),
 ]})

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import importlib
 
-from lab_utils.spec.base import Proposal, Proposer
+from lab_utils.speculative.base import Proposal, Proposer
 
 __all__ = ["Proposal", "Proposer", "make_proposer"]
 
-_HEADS = {"medusa": ("lab_utils.spec.medusa", "MedusaProposer"), "eagle": ("lab_utils.spec.eagle", "EagleProposer")}
+_HEADS = {"medusa": ("lab_utils.speculative.medusa", "MedusaProposer"), "eagle": ("lab_utils.speculative.eagle", "EagleProposer")}
 
 
 def make_proposer(spec_config, target_model, device, parts=None) -> Proposer:
@@ -16,21 +16,14 @@ def make_proposer(spec_config, target_model, device, parts=None) -> Proposer:
     (`EngineParts`); a quantized draft is built with its lab-05 quantizers."""
     method = spec_config.method
     if method == "ngram":
-        from lab_utils.spec.ngram import NgramProposer
+        from lab_utils.speculative.ngram import NgramProposer
 
         return NgramProposer(spec_config, target_model, device)
     if method == "draft":
-        from lab_utils.spec.draft import DraftModelProposer
+        from lab_utils.speculative.draft import DraftModelProposer
 
         return DraftModelProposer(spec_config, target_model, device, parts=parts)
     if method in _HEADS:
         module, cls = _HEADS[method]
-        try:
-            mod = importlib.import_module(module)
-        except ModuleNotFoundError as e:
-            if e.name != module:
-                raise
-            raise ValueError(f"SpecConfig.method={method!r} needs {module}.{cls}, which is not in this checkout "
-                             f"yet; use method='ngram' or 'draft'") from e
-        return getattr(mod, cls)(spec_config, target_model, device)
+        return getattr(importlib.import_module(module), cls)(spec_config, target_model, device)
     raise ValueError(f"SpecConfig.method={method!r} is invalid: must be one of draft, ngram, medusa, eagle")

@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 
 from lab_utils.models.kv_cache_simple import SimpleKVCache
-from lab_utils.spec.base import Proposal, Proposer
+from lab_utils.speculative.base import Proposal, Proposer
 
 DEFAULT_DRAFT = "smollm2-draft"  # data/models/smollm2-draft
 ADOPT_MIN_TOKENS = 8  # copy the target's K/V when at least this many tokens are missing (a prompt, a resume)
@@ -73,7 +73,7 @@ class DraftModelProposer(Proposer):
             self.shares_target_kv = same_weights(draft_model, target_model)  # (checked before quantizing)
             if getattr(spec_config, "quantization", None):  # our own fresh copy: quantize it in place
                 from lab_utils.engine.engine import quantizers
-                from lab_utils.engine.parts import REFERENCE
+                from lab_utils.course.parts import REFERENCE
                 from lab_utils.quant.linear import quantize_model
 
                 draft_model, _ = quantize_model(draft_model, spec_config.quantization, skip=(),

@@ -1,14 +1,14 @@
 """Your engine: the parts you write in the labs, kept as files and run by the real engine.
 
-Each lab's exercise is a part of `LLMEngine` (see `lab_utils.engine.parts`). When its check passes, the lab
-calls `learner.submit(name, fn)`: the function goes into this kernel's registry and its source into a small
+Each lab's exercise is a part of `LLMEngine` (see `lab_utils.course.parts`). When its check passes, the lab
+calls `learner_parts.submit(name, fn)`: the function goes into this kernel's registry and its source into a small
 package of your own, `my_engine/` next to the notebooks (one file per component: `scheduler.py`,
 `block_manager.py`, `attention.py`), the way tiny-llm keeps a student package beside its reference one. Later
 labs load those files, so the engine you measure in lab 04 runs the scheduler you wrote in lab 01 and the block
-allocator you wrote in lab 02; a part you skipped falls back to the reference, and `learner.parts()` says so.
+allocator you wrote in lab 02; a part you skipped falls back to the reference, and `learner_parts.parts()` says so.
 
-    parts = learner.parts(upto="02")                 # yours where you wrote them, else the reference
-    engine = LLMEngine(model, learner.engine_config("02"), parts=parts)
+    parts = learner_parts.parts(upto="02")                 # yours where you wrote them, else the reference
+    engine = LLMEngine(model, learner_parts.engine_config("02"), parts=parts)
 
 `engine_config(lab)` is the engine as of that lab: lab 01 has what lab 01 taught (one contiguous KV region per
 request, whole prompts, no prefix cache); each later lab switches on what it teaches.
@@ -25,11 +25,11 @@ from pathlib import Path
 from typing import Callable
 
 from lab_utils.engine.config import EngineConfig
-from lab_utils.engine.parts import PARTS, EngineParts, check_signature
+from lab_utils.course.parts import PARTS, EngineParts, check_signature
 
 _REGISTRY: dict[str, Callable] = {}  # parts submitted in this kernel (name -> function)
 
-_HEADER = '''"""Your {component} parts, written in the labs and saved by `lab_utils.learner.submit`.
+_HEADER = '''"""Your {component} parts, written in the labs and saved by `lab_utils.course.learner_parts.submit`.
 Edit them in the lab's exercise cell (and submit again), or here; the engine loads this file."""
 from __future__ import annotations
 
@@ -101,7 +101,7 @@ def saved_parts(names, refs: dict[str, Callable], what: str) -> tuple[dict[str, 
     """For code in another process (TP ranks, P/D workers): {part: function} for every part in `refs`, the
     learner's saved version (from my_engine/, wrapped so errors name the part) for those in `names`, the
     reference for the rest; and the sorted names that are the learner's."""
-    from lab_utils.engine.parts import EngineParts
+    from lab_utils.course.parts import EngineParts
 
     fns = {}
     for name in names:
@@ -110,7 +110,7 @@ def saved_parts(names, refs: dict[str, Callable], what: str) -> tuple[dict[str, 
         fn = load_part(name)
         if fn is None:
             raise ValueError(f"learner_parts asks for your {name}, but {learner_dir()} has none: run the "
-                             f"lab's check cell (it saves your function with learner.submit)")
+                             f"lab's check cell (it saves your function with learner_parts.submit)")
         fns[name] = fn
     parts = EngineParts(fns)
     return {n: parts.function(n, ref) for n, ref in refs.items()}, sorted(fns)

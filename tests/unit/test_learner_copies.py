@@ -10,8 +10,8 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from lab_utils import student
-from lab_utils.student import (
+from lab_utils.course import learner_copies
+from lab_utils.course.learner_copies import (
     DEFAULT_HINT,
     EXERCISE_TAG,
     SolutionMarkerError,
@@ -165,7 +165,7 @@ def test_cli_writes_copies(tmp_path):
 
 
 def test_module_documents_the_markers():
-    assert student.BEGIN == "### BEGIN SOLUTION" and student.END == "### END SOLUTION"
+    assert learner_copies.BEGIN == "### BEGIN SOLUTION" and learner_copies.END == "### END SOLUTION"
 
 
 # ------------------------------------------------------------------ make lab: never overwrite a learner's work
@@ -191,8 +191,8 @@ def test_keep_existing_writes_missing_copies_and_keeps_the_learners(tmp_path, ca
 def test_exercise_sizes_count_code_lines_inside_regions_only():
     # EXERCISE: 2 code lines (the hint, the later comment and the docstring outside the region do not count);
     # the class cell: one line in each of its two regions; the top-level cell: `N = 30`
-    assert student.exercise_sizes(synthetic_lab()) == [2, 2, 1]
-    assert student.code_lines(["", "   ", "# c", "  # c", "x = 1", "  return x  # note"]) == 2
+    assert learner_copies.exercise_sizes(synthetic_lab()) == [2, 2, 1]
+    assert learner_copies.code_lines(["", "   ", "# c", "  # c", "x = 1", "  return x  # note"]) == 2
 
 
 def _stats_labs(tmp_path, sizes: dict[str, int]) -> Path:
@@ -210,10 +210,10 @@ def _stats_labs(tmp_path, sizes: dict[str, int]) -> Path:
 
 def test_stats_table_rows_and_totals(tmp_path):
     labs = _stats_labs(tmp_path, {"00": 3, "04": 50, "05": 7})
-    stats = student.lab_stats(labs)
+    stats = learner_copies.lab_stats(labs)
     assert [(s.lab, s.sizes, s.lines, s.largest) for s in stats] == [
         ("00", (3,), 3, 3), ("04", (50,), 50, 50), ("05", (7,), 7, 7)]
-    table = student.stats_table(stats).splitlines()
+    table = learner_copies.stats_table(stats).splitlines()
     assert table[0].split() == ["lab", "notebook", "exercises", "lines", "largest"]
     assert table[1].split() == ["00", "00_lab", "1", "3", "3"]
     assert table[-2].split() == ["labs", "00-04", "2", "53", "50"]
@@ -221,10 +221,10 @@ def test_stats_table_rows_and_totals(tmp_path):
 
 
 def test_stats_thresholds(tmp_path):
-    stats = student.lab_stats(_stats_labs(tmp_path, {"00": 3, "04": 50, "05": 7}))
-    assert student.threshold_problems(stats) == []
-    assert student.threshold_problems(stats, min_total=53, max_exercise=50) == []
-    problems = student.threshold_problems(stats, min_total=120, max_exercise=40)
+    stats = learner_copies.lab_stats(_stats_labs(tmp_path, {"00": 3, "04": 50, "05": 7}))
+    assert learner_copies.threshold_problems(stats) == []
+    assert learner_copies.threshold_problems(stats, min_total=53, max_exercise=50) == []
+    problems = learner_copies.threshold_problems(stats, min_total=120, max_exercise=40)
     assert len(problems) == 2
     assert "53 learner-written lines" in problems[0] and "at least 120" in problems[0]
     assert problems[1].startswith("04_lab: exercise 1 has 50 lines")
@@ -247,7 +247,7 @@ def test_stats_cli_prints_the_table_and_exits_on_thresholds(tmp_path):
 
 
 def test_stats_of_the_real_labs_cover_every_lab():
-    stats = student.lab_stats(student.REPO_ROOT / "labs")
+    stats = learner_copies.lab_stats(student.REPO_ROOT / "labs")
     assert [s.name for s in stats] == [p.stem for p in LABS]
     assert all(s.sizes and s.lines > 0 for s in stats), "every lab has an exercise with code in it"
 
@@ -296,7 +296,7 @@ def test_learner_copy_holds_no_solution_text(lab, learner_copies):
     assert len(copy.cells) == len(source.cells)
     assert exercise_cells(source), f"{lab.name} has no exercise"
     text = "\n".join(c.source for c in copy.cells)
-    assert student.BEGIN not in text and student.END not in text
+    assert learner_copies.BEGIN not in text and learner_copies.END not in text
     leaks = solution_leaks(source, copy)
     assert not leaks, (f"the learner copy of {lab.name} gives solution lines away (move them inside the solution "
                        f"region, or out of the exercise cell):\n" + "\n".join(leaks))
