@@ -247,13 +247,13 @@ def test_stats_cli_prints_the_table_and_exits_on_thresholds(tmp_path):
 
 
 def test_stats_of_the_real_labs_cover_every_lab():
-    stats = learner_copies.lab_stats(student.REPO_ROOT / "labs")
+    stats = learner_copies.lab_stats(learner_copies.REPO_ROOT / "labs")
     assert [s.name for s in stats] == [p.stem for p in LABS]
     assert all(s.sizes and s.lines > 0 for s in stats), "every lab has an exercise with code in it"
 
 
 # ---------------------------------------------------------------- the learner copies hold no solution text
-LABS = sorted((student.REPO_ROOT / "labs").glob("*.ipynb"))
+LABS = sorted((learner_copies.REPO_ROOT / "labs").glob("*.ipynb"))
 _TRIVIAL_RE = re.compile(r"^(?:[\s()\[\]{}:,]*|(?:else|try|finally|pass|break|continue|return)\s*:?)$")
 
 
@@ -264,7 +264,7 @@ def solution_leaks(lab: nbformat.NotebookNode, copy: nbformat.NotebookNode) -> l
     for i in exercise_cells(lab):
         src = lab.cells[i].source.split("\n")
         learner = {line.strip() for line in copy.cells[i].source.split("\n")}
-        for r in student.find_regions(lab.cells[i].source):
+        for r in learner_copies.find_regions(lab.cells[i].source):
             for line in src[r.start + 1:r.end]:
                 text = line.strip()
                 if text and not text.startswith("#") and not _TRIVIAL_RE.match(text) and text in learner:
@@ -285,7 +285,7 @@ def test_solution_leaks_catches_a_line_given_away():
 def learner_copies(tmp_path_factory) -> Path:
     """The learner copies as `make lab` and Binder write them."""
     out = tmp_path_factory.mktemp("student")
-    write_student_copies(student.REPO_ROOT / "labs", out, quiet=True)
+    write_student_copies(learner_copies.REPO_ROOT / "labs", out, quiet=True)
     return out
 
 
@@ -304,7 +304,7 @@ def test_learner_copy_holds_no_solution_text(lab, learner_copies):
 
 # -------------------------------------------------- make lab, Binder and the README open the learner copies
 def test_make_lab_binder_and_readme_point_at_the_learner_copies():
-    root = student.REPO_ROOT
+    root = learner_copies.REPO_ROOT
     makefile = (root / "Makefile").read_text(encoding="utf-8")
     recipe = makefile.split("\nlab:", 1)[1].split("\n\n", 1)[0]
     assert "-m lab_utils student --out student --keep-existing" in recipe, "make lab writes the missing copies"
