@@ -11,7 +11,7 @@ from collections.abc import Callable
 
 import torch
 
-from lab_utils.engine.structured import apply_token_bitmask as _ref_apply
+from lab_utils.structured.hook import apply_token_bitmask as _ref_apply
 
 
 def _check_apply(fn: Callable, rng: random.Random) -> None:

@@ -20,7 +20,7 @@ from lab_utils.engine.logprobs import record_prompt_logprobs, sampled_logprobs
 from lab_utils.engine.sampler import apply_logit_processors, sample
 from lab_utils.engine.sampling_params import SamplingParams
 from lab_utils.engine.scheduler import Scheduler
-from lab_utils.engine.structured import StructuredOutputs
+from lab_utils.structured.hook import StructuredOutputs
 
 CPU_DEFAULT_KV_BYTES = 1 << 30  # 1 GiB of KV on a CPU unless told otherwise
 

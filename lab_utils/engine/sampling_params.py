@@ -9,7 +9,7 @@ import math
 import numbers
 from dataclasses import dataclass, field
 
-from lab_utils.engine.structured_params import StructuredOutputParams
+from lab_utils.structured.params import StructuredOutputParams
 
 MIN_TEMPERATURE = 1e-2  # as vLLM: 0 < t < 0.01 is raised to 0.01 (logits / t would overflow to inf, then NaN)
 # top_p below this keeps only the most likely token, as any smaller top_p would (that token's probability is

@@ -25,7 +25,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from lab_utils.engine.engine import LLMEngine
 from lab_utils.engine.sampling_params import MAX_LOGIT_BIAS, MAX_STOP_STRINGS, PENALTY_RANGE, SEED_RANGE, SamplingParams
-from lab_utils.engine.structured import DEAD_END
+from lab_utils.structured.hook import DEAD_END
 from lab_utils.server.async_engine import AsyncEngine, EngineDeadError, QueueFullError, Stream
 from lab_utils.server.guard import DEFAULT_MAX_BODY_BYTES, RequestGuard, document_errors
 from lab_utils.server.logprobs import StreamLogprobs, TokenTexts, chat_logprobs, completion_logprobs

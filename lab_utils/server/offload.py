@@ -21,8 +21,8 @@ from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from concurrent.futures.process import BrokenProcessPool
 
-from lab_utils.engine.structured import CompileTimeout, build_grammar
-from lab_utils.engine.structured_params import StructuredOutputParams
+from lab_utils.structured.hook import CompileTimeout, build_grammar
+from lab_utils.structured.params import StructuredOutputParams
 
 COMPILE_TIMEOUT_S = 10.0
 TOKENIZE_INLINE_CHARS = 20_000  # shorter text is tokenised on the loop (well under a millisecond per kB)

@@ -13,7 +13,7 @@ from fastapi.testclient import TestClient
 xgr = pytest.importorskip("xgrammar")
 from jsonschema import Draft202012Validator  # noqa: E402
 
-from lab_utils.engine.structured_schema import prepare_schema  # noqa: E402
+from lab_utils.structured.schema import prepare_schema  # noqa: E402
 from lab_utils.server.app import create_app  # noqa: E402
 
 SUITE = Path(__file__).parents[1] / "data" / "json_schema_test_suite"

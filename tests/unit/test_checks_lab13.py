@@ -8,7 +8,7 @@ import torch
 pytest.importorskip("xgrammar")
 
 from lab_utils.checks import lab13  # noqa: E402
-from lab_utils.engine.structured import advance_matcher, apply_token_bitmask  # noqa: E402
+from lab_utils.structured.hook import advance_matcher, apply_token_bitmask  # noqa: E402
 
 
 def test_check_mask_step_accepts_the_reference(capsys):

@@ -8,9 +8,9 @@ import torch
 pytest.importorskip("xgrammar")
 
 from lab_utils import EngineConfig, LLMEngine, SamplingParams  # noqa: E402
-from lab_utils.engine.structured import DEAD_END, GrammarCompiler  # noqa: E402
-from lab_utils.engine.structured_schema import prepare_schema  # noqa: E402
-from lab_utils.engine.structured_params import StructuredOutputParams  # noqa: E402
+from lab_utils.structured.hook import DEAD_END, GrammarCompiler  # noqa: E402
+from lab_utils.structured.schema import prepare_schema  # noqa: E402
+from lab_utils.structured.params import StructuredOutputParams  # noqa: E402
 
 PROMPTS = [[101, 202, 303, 404], [505, 606, 707]]
 

@@ -1,4 +1,4 @@
-"""Grammar-constrained decoding in the engine (lab_utils.engine.structured): valid by construction, invisible to
+"""Grammar-constrained decoding in the engine (lab_utils.structured.hook): valid by construction, invisible to
 unconstrained neighbours, lossless under speculative decoding, kept across preemption."""
 from __future__ import annotations
 
@@ -12,15 +12,15 @@ pytest.importorskip("xgrammar")
 
 from lab_utils import EngineConfig, LLMEngine, SamplingParams  # noqa: E402
 from lab_utils.engine.config import SpecConfig  # noqa: E402
-from lab_utils.engine.structured import (  # noqa: E402
+from lab_utils.structured.hook import (  # noqa: E402
     StructuredOutputs,
     advance_matcher,
     apply_token_bitmask,
     choice_grammar,
     unpack_bitmask,
 )
-from lab_utils.engine.structured_params import StructuredOutputParams  # noqa: E402
-from lab_utils.engine.structured_tasks import (  # noqa: E402
+from lab_utils.structured.params import StructuredOutputParams  # noqa: E402
+from lab_utils.structured.tasks import (  # noqa: E402
     extract_json,
     json_tasks,
     lenient_valid,

@@ -13,7 +13,7 @@ xgr = pytest.importorskip("xgrammar")
 from jsonschema import Draft202012Validator  # noqa: E402
 from xgrammar.testing import _is_grammar_accept_string as accepts  # noqa: E402
 
-from lab_utils.engine.structured_schema import Unsatisfiable, Unsupported, prepare_schema  # noqa: E402
+from lab_utils.structured.schema import Unsatisfiable, Unsupported, prepare_schema  # noqa: E402
 
 SUITE = Path(__file__).parents[1] / "data" / "json_schema_test_suite"
 

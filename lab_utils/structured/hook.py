@@ -44,8 +44,8 @@ from typing import Callable
 
 import torch
 
-from lab_utils.engine.structured_params import StructuredOutputParams
-from lab_utils.engine.structured_schema import Unsatisfiable, prepare_schema
+from lab_utils.structured.params import StructuredOutputParams
+from lab_utils.structured.schema import Unsatisfiable, prepare_schema
 
 MaskFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 AdvanceFn = Callable[[object, list[int]], bool]
@@ -158,7 +158,7 @@ class GrammarCompiler:
 
     def _compile_checked(self, so: StructuredOutputParams, build: Callable):
         """The compiled grammar, or the ValueError saying why it is refused (kept in the cache like a grammar)."""
-        if so.kind == "json":  # narrowed so every output validates, or refused (structured_schema.py)
+        if so.kind == "json":  # narrowed so every output validates, or refused (schema.py)
             schema = json.loads(so.json) if isinstance(so.json, str) else so.json
             try:
                 so = dataclasses.replace(so, json=prepare_schema(schema))

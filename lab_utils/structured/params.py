@@ -2,7 +2,7 @@
 strings, or a grammar. Names follow vLLM's `StructuredOutputsParams`, so a request means the same in both.
 
 Plain data, no grammar library: `SamplingParams` imports it, and the engine only compiles it
-(`lab_utils.engine.structured`) when a request carries one.
+(`lab_utils.structured.hook`) when a request carries one.
 """
 from __future__ import annotations
 
