@@ -1,7 +1,6 @@
 """Checks for lab 02's exercises: the block allocator (`grow`, `release`), preemption (`make_room`, `preempt`) and
 the slot mapping, each compared with the engine's own part and then saved as the learner's; the block-table gather
-(`gather_kv`); and the lab's claims. `check_append_slots` checks a one-function allocator on plain lists (grow a
-block table, return the new tokens' slots) with the usual mistakes named; no lab's exercise uses it.
+(`gather_kv`); and the lab's claims.
 
 Each check runs the learner's function on fresh random cases, compares with a reference, and raises
 AssertionError saying what differs (and, for known mistakes, what the mistake looks like). It never shows the
@@ -9,9 +8,6 @@ reference code. A `NotImplementedError` from the learner's function propagates u
 """
 from __future__ import annotations
 
-from collections.abc import Mapping
-
-import copy
 import random
 from typing import Callable
 
@@ -20,89 +16,7 @@ import torch
 from lab_utils.checks.lab00 import compare
 
 
-# --- exercise 1: the block allocator -------------------------------------------------------------------------
-
-
-def _reference_append_slots(block_table, num_tokens, num_new, free_blocks, block_size):
-    need = -(-(num_tokens + num_new) // block_size) - len(block_table)
-    if need > len(free_blocks):
-        raise MemoryError("out of blocks")
-    for _ in range(max(need, 0)):
-        block_table.append(free_blocks.pop())
-    return [block_table[t // block_size] * block_size + t % block_size for t in range(num_tokens, num_tokens + num_new)]
-
-
-def _case(rng: random.Random, num_blocks: int = 24) -> dict:
-    bs = rng.choice([1, 2, 4, 8, 16])
-    pool = list(range(num_blocks))
-    rng.shuffle(pool)
-    num_tokens = rng.randint(0, 5 * bs)
-    table = [pool.pop() for _ in range(-(-num_tokens // bs))]
-    return dict(block_table=table, num_tokens=num_tokens, num_new=rng.randint(1, 3 * bs), free_blocks=pool,
-                block_size=bs)
-
-
-def check_append_slots(fn: Callable, seed: int | None = None, cases: int = 40) -> None:
-    """`fn(block_table, num_tokens, num_new, free_blocks, block_size) -> slots`: grows `block_table` in place with
-    blocks popped from the end of `free_blocks`, returns the slot of each new token; raises MemoryError (changing
-    nothing) when the free list is too short."""
-    rng = random.Random(seed if seed is not None else random.randrange(1 << 30))
-    for i in range(cases):
-        c = _case(rng)
-        mine, ref = copy.deepcopy(c), copy.deepcopy(c)
-        want = _reference_append_slots(ref["block_table"], ref["num_tokens"], ref["num_new"], ref["free_blocks"],
-                                       ref["block_size"])
-        got = fn(mine["block_table"], mine["num_tokens"], mine["num_new"], mine["free_blocks"], mine["block_size"])
-        where = (f"(case {i}: block_size={c['block_size']}, num_tokens={c['num_tokens']}, num_new={c['num_new']}, "
-                 f"block_table={c['block_table']})")
-        if got is None:
-            raise AssertionError(f"append_slots returned None; it must return the list of new slots {where}")
-        got = [int(s) for s in got]
-        n_new = len(mine["block_table"]) - len(c["block_table"])
-        n_want = len(ref["block_table"]) - len(c["block_table"])
-        if mine["block_table"][:len(c["block_table"])] != c["block_table"]:
-            raise AssertionError(f"the blocks the sequence already had were changed: {c['block_table']} -> "
-                                 f"{mine['block_table'][:len(c['block_table'])]} {where}")
-        if n_new != n_want:
-            hint = ""
-            if n_new > n_want:
-                hint = " (allocating more than needed: is there room left in the last block? ceil, not floor + 1)"
-            elif n_new < n_want:
-                hint = " (too few: a new token needs a block whenever its position crosses a block boundary)"
-            raise AssertionError(f"block_table grew by {n_new} blocks but {n_want} were needed{hint} {where}")
-        if mine["block_table"] != ref["block_table"]:
-            raise AssertionError(f"block_table is {mine['block_table']} but expected {ref['block_table']}: take new "
-                                 f"blocks with free_blocks.pop() (the end of the list) {where}")
-        if mine["free_blocks"] != ref["free_blocks"]:
-            raise AssertionError(f"free_blocks should have lost exactly the blocks you appended {where}")
-        if len(got) != len(want):
-            raise AssertionError(f"returned {len(got)} slots for {c['num_new']} new tokens {where}")
-        if got != want:
-            k = next(j for j, (a, b) in enumerate(zip(got, want)) if a != b)
-            diag = ""
-            if got[k] == c["num_tokens"] + k:
-                diag = " (that is the token's position, not its slot: look its block up in the block table)"
-            elif got[k] == mine["block_table"][(c["num_tokens"] + k) // c["block_size"]]:
-                diag = " (that is a block id: slot = block_id * block_size + offset)"
-            raise AssertionError(f"slot of new token {k} (position {c['num_tokens'] + k}) is {got[k]}, expected "
-                                 f"{want[k]}{diag} {where}")
-    # out of memory: raise MemoryError and change nothing
-    c = dict(block_table=[3], num_tokens=4, num_new=9, free_blocks=[7], block_size=4)
-    mine = copy.deepcopy(c)
-    try:
-        fn(mine["block_table"], mine["num_tokens"], mine["num_new"], mine["free_blocks"], mine["block_size"])
-    except MemoryError:
-        pass
-    else:
-        raise AssertionError("13 tokens need 4 blocks of 4; the sequence has 1 and only 1 is free: expected "
-                             "MemoryError")
-    if mine != c:
-        raise AssertionError(f"after MemoryError nothing may change, but the state became {mine} (was {c}): check "
-                             f"that enough blocks are free before taking any")
-    print(f"check_append_slots passed ({cases} random cases + out-of-blocks)")
-
-
-# --- exercise 2: the block-table gather ----------------------------------------------------------------------
+# --- the block-table gather ----------------------------------------------------------------------------------
 
 
 def _reference_gather(cache, block_table, context_len, block_size):
@@ -213,31 +127,33 @@ PAGED_RUN_PARTS = ("block_manager.grow", "block_manager.release", "scheduler.mak
                    "attention.slot_mapping")
 
 
-def claims(contiguous: dict, paged: dict, same: int, num_requests: int, calls: Mapping[str, int],
-           all_finished: bool) -> dict[str, bool]:
-    """Lab 02's claims from the two runs' measurements (`table_rows[...]`), each with its verdict. `calls`: how
-    often the paged run called each of your parts (`parts.calls` over the run)."""
-    from lab_utils.checks.claims import parts_called
+def claims(r: dict) -> list[tuple[str, bool]]:
+    """Lab 02's claims from the two runs' measurements `r` (built in the notebook's claims cell).
 
-    c, p = contiguous, paged
-    used, ran = parts_called("the paged run (its pool ran dry, so it preempted)", calls, PAGED_RUN_PARTS)
-    return {
-        f"paged waste {100 * p['kv_waste']:.2f}% < 4% of allocated KV memory": p["kv_waste"] < 0.04,
-        f"contiguous reservation waste {100 * c['kv_waste']:.0f}% > 50%": c["kv_waste"] > 0.5,
-        f">= 2x more sequences resident at once ({p['peak_running']} vs {c['peak_running']})":
-            p["peak_running"] >= 2 * c["peak_running"],
-        f"greedy outputs identical in both layouts, or parting first at a near-tie ({same}/{num_requests})":
-            same == num_requests,
-        used: ran,
-        "every request finished with all its tokens in both layouts": all_finished,
-    }
+    `contiguous`, `paged`: each layout's row of the results table (`kv_waste`, `peak_running`); `same`: requests
+    whose greedy outputs agree in both layouts (or part first at a near-tie), of `num_requests`; `calls`: how often
+    the paged run called each of your parts (`parts.calls` over the run); `all_finished`: every request of both
+    runs finished with all its tokens."""
+    from lab_utils.checks.claims import need, parts_called
+
+    need(r, "contiguous", "paged", "same", "num_requests", "calls", "all_finished")
+    c, p, same, n = r["contiguous"], r["paged"], r["same"], r["num_requests"]
+    return [
+        (f"paged waste {100 * p['kv_waste']:.2f}% < 4% of allocated KV memory", p["kv_waste"] < 0.04),
+        (f"contiguous reservation waste {100 * c['kv_waste']:.0f}% > 50%", c["kv_waste"] > 0.5),
+        (f">= 2x more sequences resident at once ({p['peak_running']} vs {c['peak_running']})",
+         p["peak_running"] >= 2 * c["peak_running"]),
+        (f"greedy outputs identical in both layouts, or parting first at a near-tie ({same}/{n})", same == n),
+        parts_called("the paged run (its pool ran dry, so it preempted)", r["calls"], PAGED_RUN_PARTS),
+        ("every request finished with all its tokens in both layouts", bool(r["all_finished"])),
+    ]
 
 
-def assert_claims(verdicts: dict[str, bool]) -> None:
-    for claim, ok in verdicts.items():
-        print(("PASS  " if ok else "FAIL  ") + claim)
-    failed = [cl for cl, ok in verdicts.items() if not ok]
-    assert not failed, f"claims that do not hold: {failed}"
+def assert_claims(r: dict, show: bool = True) -> None:
+    """Print lab 02's claims; AssertionError naming each one that fails."""
+    from lab_utils.checks.claims import report
+
+    report(claims(r), show)
 
 
 # every check_* above also records its result in the learner's own log (lab_utils.workshop.records)

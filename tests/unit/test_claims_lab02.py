@@ -12,12 +12,14 @@ PAGED = {"kv_waste": 0.028, "peak_running": 24}
 CALLS = {name: 50 for name in lab02.PAGED_RUN_PARTS}
 
 
-def verdicts(c=CONTIGUOUS, p=PAGED, same=24, calls=CALLS, finished=True):
-    return lab02.claims(c, p, same, 24, calls=calls, all_finished=finished)
+def measured(c=CONTIGUOUS, p=PAGED, same=24, calls=CALLS, finished=True) -> dict:
+    return dict(contiguous=c, paged=p, same=same, num_requests=24, calls=calls, all_finished=finished)
 
 
-def test_good_measurements_pass():
-    lab02.assert_claims(verdicts())
+def test_good_measurements_pass(capsys):
+    lab02.assert_claims(measured())
+    out = capsys.readouterr().out
+    assert out.count("PASS") == 6 and "FAIL" not in out
 
 
 @pytest.mark.parametrize("kwargs, words", [
@@ -31,4 +33,9 @@ def test_good_measurements_pass():
 ])
 def test_each_claim_can_fail(kwargs, words):
     with pytest.raises(AssertionError, match=words):
-        lab02.assert_claims(verdicts(**kwargs))
+        lab02.assert_claims(measured(**kwargs), show=False)
+
+
+def test_missing_measurements_name_the_cells_to_run():
+    with pytest.raises(KeyError, match="run the cells above"):
+        lab02.claims({"paged": PAGED})
