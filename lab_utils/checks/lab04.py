@@ -199,33 +199,6 @@ def check_commit_full_blocks(fn: Callable, trials: int = 200, seed: int = 0, sub
 
 
 # --- the lab's closing claims --------------------------------------------------------------------------------
-def prefill_cost_fit(prompt_lens: list[int], ttfts_s: list[float]) -> tuple[float, float]:
-    """(a, b) of TTFT = a + b x prompt tokens, least squares over prefills timed alone (TTFT is then the prefill)
-    at lengths far apart. a is what a step costs whatever its size (kernel launches, scheduling), b what a prompt
-    token costs on this device: a CPU is mostly b; a small model on a GPU is mostly a (launch-bound)."""
-    n = len(prompt_lens)
-    if n < 2 or len(ttfts_s) != n:
-        raise ValueError(f"need a TTFT for each of >= 2 prompts, got {n} prompts and {len(ttfts_s)} TTFTs")
-    mx, my = sum(prompt_lens) / n, sum(ttfts_s) / n
-    sxx = sum((x - mx) ** 2 for x in prompt_lens)
-    b = sum((x - mx) * (y - my) for x, y in zip(prompt_lens, ttfts_s)) / sxx if sxx else 0.0
-    a = my - b * mx
-    if a < 0:  # attention makes long prefills super-linear: a line through the origin instead
-        a, b = 0.0, sum(x * y for x, y in zip(prompt_lens, ttfts_s)) / sum(x * x for x in prompt_lens)
-    elif b < 0:  # timing noise on a flat, launch-bound cost: no per-token cost
-        a, b = my, 0.0
-    return a, b
-
-
-def predicted_ttft_cut(fit: tuple[float, float], prompt_lens: list[int], cached: list[int]) -> float:
-    """The share of mean TTFT prefix caching should save, from the fitted costs: a hit skips its tokens' b, never
-    the step's a (at least one token is always computed)."""
-    a, b = fit
-    off = sum(a + b * n for n in prompt_lens)
-    on = sum(a + b * max(1, n - c) for n, c in zip(prompt_lens, cached))
-    return 1 - on / off if off > 0 else 0.0
-
-
 CACHED_RUN_PARTS = tuple(f"block_manager.{p}" for p in ("hash_block", "commit_full_blocks", "match_prefix",
                                                          "recycle", "evict"))
 
@@ -234,7 +207,7 @@ def claims(r: dict) -> list[tuple[str, bool]]:
     """Lab 04's claims from the runs' measurements `r` (built in the notebook's claims cell).
 
     The TTFT and replay claims expect what this device's prefill costs predict (`ttft_cut_predicted`, from
-    `prefill_cost_fit` and the hits of the run): on a CPU a hit saves most of a prompt's prefill; on a GPU a
+    `lab_utils.sim.prefill_cost` and the hits of the run): on a CPU a hit saves most of a prompt's prefill; on a GPU a
     small model's prefill is launch-bound, so a hit saves little time there, and the claim says so. `calls`: how
     often the cached runs called each of your parts (`parts.calls` over those runs)."""
     from lab_utils.checks.claims import need, parts_called

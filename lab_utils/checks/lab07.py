@@ -242,29 +242,6 @@ def check_rollback(fn: Callable, cases: int = 150, seed: int = 0) -> None:
 
 
 # --- the verify step in the engine ----------------------------------------------------------------------------
-P_TOY = (0.35, 0.25, 0.15, 0.12, 0.08, 0.05)
-Q_TOY = (0.05, 0.10, 0.40, 0.05, 0.30, 0.10)  # a poor draft: mass in the wrong places
-CHI2_CRIT_DF5 = 20.515  # chi-square, 5 degrees of freedom, p-value 0.001
-
-
-def verify_chi2(walk=None, draws: int = 3000, seed: int = 0) -> tuple[float, float]:
-    """Chi-square of the first and second token the engine's sampling verifier (`verify_sampling`, with `walk`
-    as its accept/reject) emits, against the target p, over seeded draws of 2 guesses from a poor draft q."""
-    from lab_utils.speculative.verify import verify_sampling
-
-    p, q = torch.tensor(P_TOY, dtype=torch.float64), torch.tensor(Q_TOY, dtype=torch.float64)
-    g = torch.Generator().manual_seed(seed)
-    first, second = torch.zeros(6), torch.zeros(6)
-    for _ in range(draws):
-        guesses = torch.multinomial(q, 2, replacement=True, generator=g).tolist()
-        out = verify_sampling(p.expand(3, 6), guesses, q.expand(2, 6), g, walk)
-        first[out[0]] += 1
-        if len(out) > 1:
-            second[out[1]] += 1
-    pf = p.float()
-    return tuple(float(((c - pf * c.sum()) ** 2 / (pf * c.sum())).sum()) for c in (first, second))
-
-
 def check_verify_in_engine(parts, num_requests: int = 8, k: int = 3, seed: int = 0) -> dict:
     """The engine's verify step with `parts` (the walk, the residual, the rollback):
     1. its sampling verifier keeps the target's distribution: chi-square of the first and second emitted token
@@ -280,6 +257,7 @@ def check_verify_in_engine(parts, num_requests: int = 8, k: int = 3, seed: int =
     from lab_utils.engine.sampling_params import SamplingParams
     from lab_utils.models.loader import build_random
     from lab_utils.models.registry import REGISTRY
+    from lab_utils.speculative.chi_square import CHI2_CRIT_DF5, verify_chi2
     from lab_utils.speculative.draft import DraftModelProposer
 
     walk = parts.function("spec.accept_reject", None)
@@ -354,23 +332,12 @@ def check_verify_in_engine(parts, num_requests: int = 8, k: int = 3, seed: int =
 
 # --- the lab's closing claims --------------------------------------------------------------------------------
 
-FP32_SHAPE_NOISE = 1e-3  # fp32: a (k+1)-row and a 1-row forward of 30 layers differ by up to ~1e-4 in a logit
-
-
-def near_tie(dtype: torch.dtype, max_abs_logit: float) -> float:
-    """How close the target's top-2 logits may be where a speculative greedy output parts from plain decoding:
-    8 units in the last place of the model's dtype at its largest logit (lab 00's `tie_tolerance`; bf16 at
-    |logit| 20: ~1.2), never below fp32's shape noise. A verify step runs k+1 rows through other kernel shapes
-    than a decode step, so their rounding may flip an argmax that close, never one further apart."""
-    return max(FP32_SHAPE_NOISE, 8 * torch.finfo(dtype).eps * float(max_abs_logit))
-
-
 def claims(r: dict) -> list[tuple[str, bool]]:
     """Lab 07's claims from the run's measurements `r` (built in the notebook's claims cell).
 
     `gaps`: {config: [top-2 logit gap at each output that differs from plain greedy]}; `near_tie`: the largest
-    gap rounding explains for the model's dtype (`near_tie()`); `acceptance` / `speedup`: per engine
-    configuration of section 4."""
+    gap rounding explains for the model's dtype (`teacher_forced.rounding_tie`); `acceptance` / `speedup`: per
+    engine configuration of section 4."""
     from lab_utils.checks.claims import need
 
     need(r, "chi2_good", "chi2_bad", "chi2_crit", "worst_z", "gammas", "gaps", "n_configs", "ngram_speedup",

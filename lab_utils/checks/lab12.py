@@ -10,18 +10,6 @@ import random
 from collections.abc import Callable
 
 
-def reference_parse_sse(lines: list[str]) -> list[dict]:
-    out = []
-    for line in lines:
-        if not line.startswith("data:"):
-            continue
-        data = line[len("data:"):].strip()
-        if data == "[DONE]":
-            break
-        out.append(json.loads(data))
-    return out
-
-
 def _random_stream(rng: random.Random) -> tuple[list[str], list[dict]]:
     chunks = [{"id": "cmpl-x", "choices": [{"index": 0, "text": rng.choice(["a", " b", "c ", "", " [DONE] "]),
                                             "token_ids": [rng.randrange(1000)]}]} for _ in range(rng.randint(2, 8))]

@@ -146,21 +146,6 @@ def test_ttft_claims_follow_the_device():
         lab04.assert_claims(_run() | dict(mean_ttft_on_ms=72.0, ttft_cut_predicted=0.9), show=False)
 
 
-def test_prefill_cost_fit_and_prediction():
-    lens = [100, 200, 300, 400]
-    cpu = lab04.prefill_cost_fit(lens, [0.001 + 1e-4 * n for n in lens])  # per-token cost dominates
-    assert cpu == pytest.approx((0.001, 1e-4))
-    gpu = lab04.prefill_cost_fit(lens, [0.006 + 1e-7 * n for n in lens])  # the step's fixed cost dominates
-    cached = [0, 160, 256, 352]
-    assert lab04.predicted_ttft_cut(cpu, lens, cached) > 0.5
-    assert lab04.predicted_ttft_cut(gpu, lens, cached) < 0.02
-    # super-linear (attention): no negative fixed cost; flat noise: no negative slope
-    assert lab04.prefill_cost_fit(lens, [1e-6 * n * n for n in lens])[0] == 0.0
-    assert lab04.prefill_cost_fit(lens, [0.006, 0.0059, 0.0058, 0.0057])[1] == 0.0
-    with pytest.raises(ValueError, match=">= 2 prompts"):
-        lab04.prefill_cost_fit([100], [0.01])
-
-
 def _commits_partial(self, req):
     """Names the partly filled last block too (rounds up)."""
     B, parent = self.block_size, None

@@ -35,13 +35,16 @@ def test_the_near_tie_follows_the_dtype():
     """bf16 rounds a logit of 20 by ~0.08: a 0.3 gap is a near-tie there, a real difference in fp32."""
     import torch
 
-    assert lab07.near_tie(torch.float32, 20.0) == 1e-3
-    bf16 = lab07.near_tie(torch.bfloat16, 20.0)
+    from lab_utils.checks.teacher_forced import rounding_tie
+
+    logit_20 = torch.tensor([20.0, -3.0])
+    assert rounding_tie(torch.float32, logit_20) == 1e-3
+    bf16 = rounding_tie(torch.bfloat16, logit_20)
     assert 1.0 < bf16 < 1.5
     r = good() | dict(gaps={"draft k=4": [0.3]})
     lab07.assert_claims(r | dict(near_tie=bf16), show=False)
     with pytest.raises(AssertionError, match="token-identical"):
-        lab07.assert_claims(r | dict(near_tie=lab07.near_tie(torch.float32, 20.0)), show=False)
+        lab07.assert_claims(r | dict(near_tie=rounding_tie(torch.float32, logit_20)), show=False)
     with pytest.raises(AssertionError, match="token-identical"):  # a corrupted KV gives gaps of several logits
         lab07.assert_claims(good() | dict(gaps={"draft k=4": [4.0]}, near_tie=bf16), show=False)
 
