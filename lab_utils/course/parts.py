@@ -92,7 +92,6 @@ PARTS: dict[str, Part] = {p.name: p for p in [
          "take the least recently used cached block with no reference out of the cache and return its id"),
 ]}
 
-COMPONENTS = ("scheduler", "block_manager", "attention")
 # Parts of later labs (quantized linears, the verify step, TP sharding, the KV hand-off, the server loop) are
 # registered the same way: a Part whose `ref` names the reference function ("module:function"); the code that
 # calls it takes the learner's version through `EngineParts.function(name, reference)` or an explicit argument.
