@@ -23,6 +23,7 @@ import torch
 
 from lab_utils.device import now
 from lab_utils.disagg.transfer import KVReceiver, KVSender, TransferRecord
+from lab_utils.engine.paging import slot
 from lab_utils.engine.request import Request, Status
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -58,8 +59,7 @@ def request_meta(req: Request) -> dict:
 
 
 def _slots(block_table: list[int], num_tokens: int, block_size: int, device) -> torch.Tensor:
-    return torch.tensor([block_table[t // block_size] * block_size + t % block_size for t in range(num_tokens)],
-                        dtype=torch.long, device=device)
+    return torch.tensor([slot(block_table, t, block_size) for t in range(num_tokens)], dtype=torch.long, device=device)
 
 
 def export_kv(cache: dict[str, torch.Tensor], block_table: list[int], num_tokens: int,

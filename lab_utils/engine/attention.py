@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from lab_utils.engine.kv_cache import KVCache
+from lab_utils.engine.paging import slot
 
 
 def slot_mapping(block_tables: list[list[int]], context_lens: list[int], query_lens: list[int],
@@ -25,13 +26,13 @@ def slot_mapping(block_tables: list[list[int]], context_lens: list[int], query_l
     slots = []
     for table, ctx, qlen in zip(block_tables, context_lens, query_lens):
         for p in range(ctx - qlen, ctx):
-            slots.append(table[p // block_size] * block_size + p % block_size)
+            slots.append(slot(table, p, block_size))
     return slots
 
 
 def gather_blocks(cache: torch.Tensor, block_table: list[int], context_len: int, block_size: int) -> torch.Tensor:
     """cache [num_slots, Hkv, D] -> this sequence's first `context_len` tokens [context_len, Hkv, D]."""
-    slots = [b * block_size + o for b in block_table for o in range(block_size)][:context_len]
+    slots = [slot(block_table, p, block_size) for p in range(context_len)]
     return cache[torch.tensor(slots, dtype=torch.long, device=cache.device)]
 
 
@@ -73,7 +74,7 @@ class AttentionMetadata:
         B, Q, L = len(context_lens), max(query_lens), max(context_lens)
         nblk = max(len(t) for t in block_tables)
         tables = torch.tensor([t + [0] * (nblk - len(t)) for t in block_tables], dtype=torch.long)
-        all_slots = (tables[:, :, None] * block_size + torch.arange(block_size)).reshape(B, -1)[:, :L]
+        all_slots = slot(tables, torch.arange(L), block_size)  # [B, L]: every sequence's slots of positions 0..L-1
         ctx = torch.tensor(context_lens)
         qlen = torch.tensor(query_lens)
         j = torch.arange(Q)

@@ -12,9 +12,10 @@ from lab_utils.device import now, resolve_device
 from lab_utils.engine.block_manager import BlockManager
 from lab_utils.engine.config import EngineConfig
 from lab_utils.engine.accel import fast_linears, runner_options
-from lab_utils.engine.kv_cache import KVCache, bytes_per_token, fp8_decode, fp8_encode, storage_dtype
+from lab_utils.engine.kv_cache import KVCache, fp8_decode, fp8_encode, storage_dtype
 from lab_utils.engine.model_runner import ModelRunner
 from lab_utils.course.parts import REFERENCE, EngineParts
+from lab_utils.engine.paging import bytes_per_token
 from lab_utils.engine.request import Request, RequestOutput, Status
 from lab_utils.engine.logprobs import record_prompt_logprobs, sampled_logprobs
 from lab_utils.engine.sampler import apply_logit_processors, sample

@@ -1,17 +1,17 @@
-"""Where K and V actually live: one pool of slots per layer, addressed by slot = block_id * block_size + offset.
+"""Where K and V actually live: one pool of slots per layer, addressed by slot = block_id * block_size + offset
+(`paging.slot`).
 
 `kv_cache_dtype` trades precision for capacity: fp8 stores 1 byte per value (cast with scale 1, as vLLM does
-by default), int8 stores 1 byte plus one fp32 scale per (token, head). The fp8 write and read go through
-`fp8_encode` / `fp8_decode` (lab 05's learner writes their own; the engine passes them in).
+by default), int8 stores 1 byte plus one fp32 scale per (token, head) (`paging.bytes_per_token` counts them).
+The fp8 write and read go through `fp8_encode` / `fp8_decode` (lab 05's learner writes their own; the engine
+passes them in).
 """
 from __future__ import annotations
 
 import torch
 
-STORE_DTYPES = {
-    "fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16,
-    "fp8": torch.float8_e4m3fn, "int8": torch.int8,
-}
+from lab_utils.engine.paging import KV_CACHE_DTYPES, KV_SCALE_DTYPE, slot
+
 FP8_MAX = 448.0
 
 
@@ -26,14 +26,7 @@ def fp8_decode(bits: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 
 
 def storage_dtype(kv_cache_dtype: str, model_dtype: torch.dtype) -> torch.dtype:
-    return model_dtype if kv_cache_dtype == "auto" else STORE_DTYPES[kv_cache_dtype]
-
-
-def bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int, store: torch.dtype) -> int:
-    """2 (K and V) x layers x kv_heads x head_dim x bytes per value (+ the int8 scales)."""
-    elem = torch.empty(0, dtype=store).element_size()
-    scales = 2 * num_layers * num_kv_heads * 4 if store == torch.int8 else 0
-    return 2 * num_layers * num_kv_heads * head_dim * elem + scales
+    return model_dtype if kv_cache_dtype == "auto" else KV_CACHE_DTYPES[kv_cache_dtype]
 
 
 class KVCache:
@@ -49,8 +42,8 @@ class KVCache:
         # (encode, decode) of an fp8 cache: values <-> uint8 bit patterns (default: the functions above)
         self.fp8_encode, self.fp8_decode = fp8_codec or (fp8_encode, fp8_decode)
         if self.quantized:
-            self.k_scale = torch.ones(shape[:3], dtype=torch.float32, device=device)
-            self.v_scale = torch.ones(shape[:3], dtype=torch.float32, device=device)
+            self.k_scale = torch.ones(shape[:3], dtype=KV_SCALE_DTYPE, device=device)
+            self.v_scale = torch.ones(shape[:3], dtype=KV_SCALE_DTYPE, device=device)
 
     @property
     def nbytes(self) -> int:
@@ -59,7 +52,7 @@ class KVCache:
 
     def _encode(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         if self.quantized:
-            scale = x.abs().amax(-1).float().clamp(min=1e-8) / 127.0
+            scale = x.abs().amax(-1).to(KV_SCALE_DTYPE).clamp(min=1e-8) / 127.0
             return torch.round(x.float() / scale.unsqueeze(-1)).clamp(-127, 127).to(torch.int8), scale
         if self.store_dtype == torch.float8_e4m3fn:
             bits = self.fp8_encode(x)
@@ -105,8 +98,8 @@ class KVCache:
 
     # -- swap (preemption by copying to host memory) ---------------------------------------------
     def _slots_of(self, block_ids: list[int]) -> torch.Tensor:
-        b = torch.tensor(block_ids, device=self.k.device)
-        return (b[:, None] * self.block_size + torch.arange(self.block_size, device=b.device)).flatten()
+        table = torch.tensor(block_ids, dtype=torch.long, device=self.k.device)
+        return slot(table, torch.arange(len(block_ids) * self.block_size, device=table.device), self.block_size)
 
     def copy_out(self, block_ids: list[int]) -> dict[str, torch.Tensor]:
         s = self._slots_of(block_ids)

@@ -1,7 +1,7 @@
 """Where the KV memory goes: capacity arithmetic, and per-step snapshots of the block pool during a real run.
 
 - `kv_capacity(model, kv_cache_dtype, memory_bytes)`: how many tokens and sequences a KV budget holds
-  (bytes per token = 2 x layers x kv_heads x head_dim x bytes per value).
+  (bytes per token from `paging.bytes_per_token`: 2 x layers x kv_heads x head_dim x bytes per value, + int8 scales).
 - `run_recording(engine, prompts, params)`: drives `engine.step()` like `generate`, and after every step records
   how many tokens the running sequences hold in KV against how many slots are allocated to them, plus (optionally)
   which request owns each physical block: the data behind the fragmentation figures and the pool heat-map.
@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from lab_utils.engine.kv_cache import STORE_DTYPES, bytes_per_token
+from lab_utils.engine.paging import KV_CACHE_DTYPES, bytes_per_token
 
 _MODEL_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
@@ -47,12 +47,12 @@ def kv_capacity(model, kv_cache_dtype: str = "fp16", memory_bytes: int = 1 << 30
 
     Returns bytes per token and per block, whole blocks and tokens, sequences that fit when each reserves
     `max_model_len` (contiguous) and, given `avg_seq_len`, when each takes only the blocks it uses (paged)."""
-    if kv_cache_dtype not in STORE_DTYPES:
-        raise ValueError(f"kv_cache_dtype={kv_cache_dtype!r} is invalid: must be one of {tuple(STORE_DTYPES)}")
+    if kv_cache_dtype not in KV_CACHE_DTYPES:
+        raise ValueError(f"kv_cache_dtype={kv_cache_dtype!r} is invalid: must be one of {tuple(KV_CACHE_DTYPES)}")
     if memory_bytes <= 0:
         raise ValueError(f"memory_bytes={memory_bytes} must be > 0")
     s = _model_shape(model)
-    per_token = bytes_per_token(s["layers"], s["kv_heads"], s["head_dim"], STORE_DTYPES[kv_cache_dtype])
+    per_token = bytes_per_token(s["layers"], s["kv_heads"], s["head_dim"], KV_CACHE_DTYPES[kv_cache_dtype])
     blocks = memory_bytes // (per_token * block_size)
     tokens = blocks * block_size
     max_len = max_model_len or s["max_model_len"] or tokens

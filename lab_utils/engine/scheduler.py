@@ -1,19 +1,13 @@
-"""Who runs this step, and how many of their tokens.
+"""The scheduler: the queues, and the admission and preemption code every scheduling policy shares.
 
-Every policy returns the same thing: a list of (request, number of tokens to compute). A prefill chunk is
-"n prompt tokens", a decode is "1 token", so one forward pass can mix them.
+`schedule()` runs the policy `EngineConfig.scheduler` names; each lives in its own module of
+`lab_utils/engine/scheduling/`, bound here as a method:
 
-- `static`:       admit a batch together; nobody joins until every member has finished (the old baseline).
-                  A finished member stays in the batch as a padding row until the whole batch ends: every
-                  decode step runs at the batch's full size (`SchedulerOutput.num_padding` rows whose outputs
-                  are thrown away). That is what static batching costs in the papers' baseline (Orca's
-                  FasterTransformer) and in Hugging Face `generate` with padding: the batch is one tensor, and
-                  a finished row keeps computing until the longest row stops.
-- `continuous`:   finished requests leave and waiting ones join at every step (Orca); prefill-first, as in
-                  nano-vllm: a step is either all prefill (whole prompts) or all decode. (Lab 01.)
-- `token_budget`: vLLM V1: each step first gives every running request its next token(s), oldest first (decodes,
-                  and the next chunk of a prompt still being prefilled), then fills the rest of
-                  `max_num_batched_tokens` with (chunks of) waiting prompts, in one mixed batch. (Lab 03.)
+- `static` (`scheduling/static.py`): admit a batch together; nobody joins until every member has finished.
+- `continuous` (`scheduling/continuous.py`): finished requests leave and waiting ones join at every step (Orca),
+  prefill-first as in nano-vllm. (Lab 01.)
+- `token_budget` (`scheduling/chunked_prefill.py`): vLLM V1's step with chunked prefill: running requests first,
+  then (chunks of) new prompts, within `max_num_batched_tokens`. (Lab 03.)
 When blocks run out, the newest running request is preempted (recompute: drop its KV; swap: copy it to host).
 
 The methods a learner rewrites (`schedule_continuous`, `make_room`, `preempt`, `schedule_token_budget`) are the
@@ -23,24 +17,14 @@ so a wrong policy fails with a message that names the mistake, not deep inside t
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass, field
 from typing import Callable
 
+from lab_utils.course.parts import LearnerPartError
 from lab_utils.engine.block_manager import BlockManager
 from lab_utils.engine.config import EngineConfig
-from lab_utils.course.parts import LearnerPartError
 from lab_utils.engine.request import Request, Status
-
-
-@dataclass
-class SchedulerOutput:
-    scheduled: list[tuple[Request, int]] = field(default_factory=list)
-    preempted: list[Request] = field(default_factory=list)
-    num_padding: int = 0  # static batching: rows of finished members still computed (outputs discarded)
-
-    @property
-    def num_tokens(self) -> int:
-        return sum(n for _, n in self.scheduled)
+from lab_utils.engine.scheduling import chunked_prefill, continuous, static
+from lab_utils.engine.scheduling.output import SchedulerOutput
 
 
 def _whose(policy: Callable) -> str:
@@ -92,70 +76,20 @@ class Scheduler:
         self._check(out, who)
         return out
 
-    def schedule_continuous(self) -> SchedulerOutput:
-        """Continuous batching, prefill-first: retire the finished, admit waiting prompts first come first served
-        while a slot, the step's token budget and the KV pool allow; a step that runs no prompt decodes every
-        running request. (With chunked prefill a long prompt runs in chunks of the budget, one per step.)"""
-        out = SchedulerOutput()
-        self.running = [r for r in self.running if not r.status.done]  # retire: finished requests leave
-        budget = self._continue_prefills(out, self.config.max_num_batched_tokens)
-        self._admit(out, budget)
-        if not out.scheduled:
-            self._decode_all(out)
-        return out
+    # the policies, one module each (lab_utils/engine/scheduling/)
+    schedule_static = static.schedule_static
+    schedule_continuous = continuous.schedule_continuous
+    schedule_token_budget = chunked_prefill.schedule_token_budget
+    _continue_prefills = chunked_prefill.continue_prefills
 
-    def schedule_token_budget(self) -> SchedulerOutput:
-        """vLLM V1's unified token budget with chunked prefill: running requests first, oldest first (a decode
-        takes 1 token, an unfinished prompt its next chunk), then new prompts fill what is left of the budget."""
-        out = SchedulerOutput()
-        self.running = [r for r in self.running if not r.status.done]
-        budget = self.config.max_num_batched_tokens
-        for req in list(self.running):
-            if budget <= 0:
-                break
-            if req.status is not Status.RUNNING:
-                continue  # preempted earlier in this loop
-            n = min(req.num_tokens - req.num_computed_tokens, budget)
-            if self.make_room(req, req.num_computed_tokens + n, out):
-                out.scheduled.append((req, n))
-                budget -= n
-        # speculative decoding (lab 07): keep room in the step for each decode's guesses
-        budget -= self.lookahead * sum(1 for r, n in out.scheduled if n == 1 and not r.is_prefill)
-        if not out.preempted:  # memory is short: no newcomer this step
-            self._admit(out, budget)
-        return out
-
-    def schedule_static(self) -> SchedulerOutput:
-        """Static batching: a batch is admitted together and nobody joins until all of it has finished."""
-        out = SchedulerOutput()
-        self.running = [r for r in self.running if not r.status.done]
-        if not self.running and self.static_quota == 0:
-            self.static_quota = self.static_batch_size = min(len(self.waiting), self.config.max_num_seqs)
-        budget = self._continue_prefills(out, self.config.max_num_batched_tokens)
-        if self.static_quota > 0:
-            self._admit(out, budget)
-        if not out.scheduled:
-            self.static_quota = 0  # the batch could not grow further: it is closed
-            self._decode_all(out)
-            out.num_padding = max(0, self.static_batch_size - len(out.scheduled))
-        return out
-
-    # -- pieces of the reference policies ----------------------------------------------------------
-    def _continue_prefills(self, out: SchedulerOutput, budget: int) -> int:
-        """Running requests whose prompt is not yet computed (chunked prefill, or a recompute) get their next chunk."""
-        for req in list(self.running):
-            remaining = req.num_tokens - req.num_computed_tokens
-            if budget <= 0 or req.status is not Status.RUNNING or (remaining == 1 and not req.is_prefill):
-                continue
-            n = min(remaining, budget)
-            if self.make_room(req, req.num_computed_tokens + n, out):
-                out.scheduled.append((req, n))
-                budget -= n
-        return budget
-
-    def _admit(self, out: SchedulerOutput, budget: int) -> int:
-        """Waiting requests join, first come first served, while a slot, the budget and the KV pool allow."""
+    # -- pieces every policy uses ----------------------------------------------------------------------
+    def _admit(self, out: SchedulerOutput, budget: int, limit: int | None = None) -> int:
+        """Waiting requests join, first come first served, while a slot, the budget and the KV pool allow (and at
+        most `limit` of them). Without chunked prefill a prompt that does not fit the budget whole waits."""
+        admitted = 0
         while self.waiting and budget > 0 and self.num_running < self.config.max_num_seqs:
+            if limit is not None and admitted == limit:
+                break
             req = self.waiting[0]
             remaining = req.num_tokens - req.num_computed_tokens
             n = min(remaining, budget)
@@ -166,10 +100,7 @@ class Scheduler:
             n = self.start(req, n)
             out.scheduled.append((req, n))
             budget -= n
-            if self.config.scheduler == "static":
-                self.static_quota -= 1
-                if self.static_quota == 0:
-                    break
+            admitted += 1
         return budget
 
     def _decode_all(self, out: SchedulerOutput) -> None:
@@ -177,7 +108,7 @@ class Scheduler:
             if req.status is Status.RUNNING and self.make_room(req, req.num_computed_tokens + 1, out):
                 out.scheduled.append((req, 1))
 
-    # -- admission and memory (helpers every policy uses) ------------------------------------------
+    # -- admission and memory -------------------------------------------------------------------------
     def can_start(self, req: Request, num_tokens: int) -> bool:
         """Can the head of the queue start with `num_tokens` more tokens now? The KV pool must hold them (keeping
         a small watermark of free blocks for running requests to grow into, unless nobody runs). Blocks that

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from lab_utils.engine.paging import slot
 from lab_utils.engine.request import Request
 from lab_utils.engine.sampler import apply_top_k_top_p, sample
 from lab_utils.speculative import make_proposer
@@ -139,9 +140,7 @@ class SpecDecoder:
     def _target_kv(self, req: Request, start: int, end: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """The target's K/V of the request's tokens start..end-1, read from the paged cache (any KV dtype)."""
         cache, bs = self.kv_cache, self.kv_cache.block_size
-        pos = torch.arange(start, end)
-        table = torch.tensor(req.block_table)
-        slots = (table[pos // bs] * bs + pos % bs).to(cache.k.device)
+        slots = slot(torch.tensor(req.block_table), torch.arange(start, end), bs).to(cache.k.device)
         return [cache.read(layer, slots) for layer in range(cache.num_layers)]
 
     def verify(self, plans: dict[str, Proposal], logits: torch.Tensor, hidden: torch.Tensor | None,

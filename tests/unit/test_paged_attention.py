@@ -13,10 +13,11 @@ import random
 import pytest
 import torch
 
-from lab_utils.engine import block_manager as bm_mod
+from lab_utils.engine import prefix_cache
 from lab_utils.engine.attention import AttentionMetadata, PagedAttention, gather_blocks, paged_attention_reference
-from lab_utils.engine.block_manager import BlockManager, block_hash
+from lab_utils.engine.block_manager import BlockManager
 from lab_utils.engine.kv_cache import KVCache
+from lab_utils.engine.prefix_cache import block_hash
 from lab_utils.engine.request import Request
 from lab_utils.engine.sampling_params import SamplingParams
 
@@ -230,7 +231,7 @@ def test_prefix_hash_is_chained():
 
 def test_collision_guard(monkeypatch):
     """Every block hashes alike: a lookup must compare token ids and miss, never hand out someone else's KV."""
-    monkeypatch.setattr(bm_mod, "block_hash", lambda parent, ids: 42)
+    monkeypatch.setattr(prefix_cache, "block_hash", lambda parent, ids: 42)
     bm = BlockManager(16, 4, enable_prefix_caching=True, watermark=0.0)
     a = req("a", [1, 2, 3, 4, 5, 6, 7, 8, 9])
     run_prompt(bm, a)

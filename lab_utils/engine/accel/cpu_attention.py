@@ -19,6 +19,7 @@ import torch
 from lab_utils.engine.attention import AttentionMetadata, PagedAttention
 from lab_utils.engine.accel.cpu_kernels import cpu_kernels
 from lab_utils.engine.kv_cache import KVCache
+from lab_utils.engine.paging import slot
 
 
 def kernel_usable(cache: KVCache, device: torch.device) -> bool:
@@ -56,7 +57,7 @@ class CpuDecodeAttention:
                 rows.append(starts[i] + j)
                 tables.append(table)
                 lens.append(pos + 1)
-                slots.append(table[pos // block_size] * block_size + pos % block_size)
+                slots.append(slot(table, pos, block_size))
         width = max(len(t) for t in tables)
         self.tables = torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.int32)
         self.lens = torch.tensor(lens, dtype=torch.int32)

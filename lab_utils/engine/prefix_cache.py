@@ -1,0 +1,126 @@
+"""The prefix cache (lab 04): prompts that start alike share the KV blocks of their common start.
+
+A full block is named by a hash chained over its parent block's name and its own token ids, so equal names mean
+equal prefixes. A new prompt walks its full blocks, name by name, and attaches every block the cache already
+holds instead of computing it again. A block nobody references any more is not wiped while it holds a named
+prefix: it waits in an LRU list (`evictable`) and is reused on a hit, or evicted (oldest first) when the pool
+needs a fresh block.
+
+`PrefixCache` is what the block manager asks of a cache; `HashChainPrefixCache` is the engine's (vLLM's
+automatic prefix caching) and `NoPrefixCache` the one that caches nothing. They are mixins of the block
+manager: their state is the block manager's (`blocks`, `free_ids`, `evictable`, `hash_to_block`), which is also
+what a learner's `match_prefix(self, req)` reads and writes.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from lab_utils.engine.request import Request
+
+
+def block_hash(parent_hash: int | None, token_ids: tuple[int, ...]) -> int:
+    """Hash of a full block = hash(parent block's hash, this block's token ids): a chain over the whole prefix."""
+    return hash((parent_hash, token_ids))
+
+
+class PrefixCache:
+    """What the block manager asks of a prefix cache."""
+
+    def match_prefix(self, req: Request) -> list[int]:
+        """Physical blocks already holding this prompt's leading full blocks."""
+        raise NotImplementedError
+
+    def commit_full_blocks(self, req: Request) -> None:
+        """Make the blocks of `req` that just became full findable by later prompts."""
+        raise NotImplementedError
+
+    def recycle(self, bid: int) -> None:
+        """A block nobody references any more: keep it cached, or free it."""
+        raise NotImplementedError
+
+    def evict(self) -> int:
+        """Take a cached block out of the cache (the pool needs a fresh one); returns its id."""
+        raise NotImplementedError
+
+    @property
+    def num_cached_blocks(self) -> int:
+        return len(self.hash_to_block)
+
+    def hit_rate(self) -> float:
+        """Share of admitted prompt tokens whose KV came from the cache."""
+        return self.prefix_hits / self.prefix_queries if self.prefix_queries else 0.0
+
+
+class NoPrefixCache(PrefixCache):
+    """No prefix cache: nothing is found or named, and a released block is free at once."""
+
+    def match_prefix(self, req: Request) -> list[int]:
+        return []
+
+    def commit_full_blocks(self, req: Request) -> None:
+        return None
+
+    def recycle(self, bid: int) -> None:
+        self.free_ids.append(bid)
+
+    def evict(self) -> int:
+        raise RuntimeError("no prefix cache: there is no cached block to evict")
+
+
+class HashChainPrefixCache(PrefixCache):
+    """Blocks named by chained hashes (`hash_to_block`: name -> block), unreferenced ones kept in LRU order.
+    With `enable_prefix_caching` off it finds and names nothing (as `NoPrefixCache`)."""
+
+    def hash_block(self, parent_hash: int | None, token_ids: tuple[int, ...]) -> int:
+        """A full block's name: its parent's name and its own token ids, so equal names mean equal prefixes."""
+        return block_hash(parent_hash, token_ids)
+
+    def match_prefix(self, req: Request) -> list[int]:
+        """Physical blocks already holding this prompt's leading full blocks. At least one prompt token is
+        always left to compute, because the step that computes it produces the logits we sample from."""
+        if not self.enable_prefix_caching or req.params.prompt_logprobs is not None:
+            return []  # a request that wants its prompt's logprobs computes every prompt position
+        hits, parent = [], None
+        for i in range((req.num_prompt_tokens - 1) // self.block_size):
+            ids = tuple(req.prompt_token_ids[i * self.block_size:(i + 1) * self.block_size])
+            parent = self.hash_block(parent, ids)
+            bid = self.hash_to_block.get(parent)
+            if bid is None or self.blocks[bid].token_ids != ids:  # a collision is a miss, never a wrong hit
+                break
+            hits.append(bid)
+        return hits
+
+    def recycle(self, bid: int) -> None:
+        """A block nobody references any more: keep it (LRU order) while it holds a named prefix, else free it."""
+        blk = self.blocks[bid]
+        if blk.hash is not None and self.hash_to_block.get(blk.hash) == bid:
+            self.evictable[bid] = None  # newest at the end: evict() takes from the front
+        else:
+            blk.hash, blk.token_ids = None, ()
+            self.free_ids.append(bid)
+
+    def evict(self) -> int:
+        """Take the least recently used cached block out of the cache; returns its id (now unnamed)."""
+        bid, _ = self.evictable.popitem(last=False)
+        blk = self.blocks[bid]
+        if self.hash_to_block.get(blk.hash) == bid:
+            del self.hash_to_block[blk.hash]
+        blk.hash, blk.token_ids = None, ()
+        return bid
+
+    def commit_full_blocks(self, req: Request) -> None:
+        """Name every block that just became full (its tokens are computed), so later prompts can reuse it."""
+        if not self.enable_prefix_caching:
+            return
+        n_full = min(req.num_computed_tokens, req.num_tokens) // self.block_size
+        hashes = req.block_hashes  # computed once per block over the request's life
+        while len(hashes) < n_full:
+            i = len(hashes)
+            ids = tuple(req.token_ids[i * self.block_size:(i + 1) * self.block_size])
+            hashes.append((self.hash_block(hashes[-1][0] if hashes else None, ids), ids))
+        for i in range(n_full):
+            blk = self.blocks[req.block_table[i]]
+            if blk.hash is None:
+                blk.hash, blk.token_ids = hashes[i]
+                self.hash_to_block.setdefault(blk.hash, blk.block_id)
