@@ -104,7 +104,7 @@ def check_preemption(make_room: Callable, preempt: Callable, cases: int = 200) -
     def grow_oldest(g, s):
         out, req = SchedulerOutput(), s.running[0]
         return parts_check.Call(result=g(s, req, 20, out), out=out, req=req, req_id=req.request_id,
-                                args=f"make_room(request '0', num_tokens=20) with running {[r.request_id for r in s.running]}")
+                                called=f"make_room(request '0', num_tokens=20) with running {[r.request_id for r in s.running]}")
 
     parts_check.compare_call("scheduler.make_room", make_room, _full_pool(), grow_oldest,
                              "a full pool where the oldest of three requests needs 3 more blocks")

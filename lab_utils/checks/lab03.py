@@ -74,7 +74,7 @@ def _scenarios() -> list[tuple[str, Scheduler]]:
 
 def _run_scenarios(fn: Callable) -> None:
     for what, sched in _scenarios():
-        parts_check.compare_call(PART, fn, sched, lambda f, s, w=what: parts_check.Call(result=f(s), args=w),
+        parts_check.compare_call(PART, fn, sched, lambda f, s, w=what: parts_check.Call(result=f(s), called=w),
                                  f"the step with {what}")
 
 

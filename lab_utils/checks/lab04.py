@@ -59,7 +59,7 @@ def _compare(part: str, what: str, fn: Callable, call: Callable, bm: BlockManage
 
     def run(g: Callable, s: Scheduler) -> parts_check.Call:
         result, given = call(g, s.bm)
-        return parts_check.Call(result=result, args=what, block_id=given if isinstance(given, int) else None,
+        return parts_check.Call(result=result, called=what, block_id=given if isinstance(given, int) else None,
                                 req=given if isinstance(given, Request) else None)
 
     parts_check.compare_call(f"block_manager.{part}", fn, sched, run, f"the pool with {what}")

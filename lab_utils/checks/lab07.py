@@ -162,7 +162,7 @@ def _verified_state(seed: int):
     guesses appended, blocks grown for them, every row computed. None if no request can take guesses."""
     import random
 
-    from lab_utils.checks.parts_check import random_state
+    from lab_utils.checks.part_states import random_state
 
     sched = random_state(seed, "spec.rollback")
     rng = random.Random(seed)
@@ -179,7 +179,7 @@ def _verified_state(seed: int):
 
 
 def _rollback_view(sched, rid: str) -> dict:
-    from lab_utils.checks.parts_check import snapshot
+    from lab_utils.checks.part_states import snapshot
 
     req = next(r for r in sched.running if r.request_id == rid)
     return {"req.token_ids": list(req.token_ids), **snapshot(sched)}

@@ -8,6 +8,7 @@ from mistake_catalogue import CATALOGUE, Mistake
 
 from lab_utils.course import learner_parts
 from lab_utils.checks import lab01, lab02, lab03, lab04, parts_check
+from lab_utils.checks.part_mistakes import DIAGNOSERS, MISTAKES
 from lab_utils.course.parts import PARTS
 
 
@@ -73,17 +74,22 @@ def test_each_mistake_fails_its_labs_check_naming_part_file_and_lab(m: Mistake, 
     got = getattr(err, "diagnosis", None)
     assert got == m.diagnosis, f"diagnosis {got!r}, expected {m.diagnosis!r}:\n{msg}"
     if m.diagnosis is None:  # no diagnoser had evidence: no likely-mistake line of theirs
-        assert not any(d.text in msg for d in parts_check.DIAGNOSERS), msg
+        assert not any(d.text in msg for d in DIAGNOSERS), msg
     assert "the state before the call" not in msg and len(msg) < 2500, "a state difference, not a state dump"
 
 
-@pytest.mark.parametrize("d", parts_check.DIAGNOSERS, ids=[d.id for d in parts_check.DIAGNOSERS])
+@pytest.mark.parametrize("d", DIAGNOSERS, ids=[d.id for d in DIAGNOSERS])
 def test_each_diagnoser_speaks_for_its_own_mistake_only(d, failures):
     """A diagnoser's line appears in the failures of the catalogue entries it diagnoses and in no other."""
     assert any(m.diagnosis == d.id for m in CATALOGUE), f"no catalogue mistake shows diagnoser {d.id}"
     spoke = [m.id for m in CATALOGUE if m.diagnosis != d.id and failures[m.id] is not None
              and d.text in str(failures[m.id])]
     assert not spoke, f"{d.id} spoke for {spoke}"
+
+
+def test_every_diagnoser_speaks_for_a_part_the_checker_knows():
+    assert set(MISTAKES) <= set(parts_check.PART_CHECKS)
+    assert all(parts_check.PART_CHECKS[name].diagnosers == ds for name, ds in MISTAKES.items())
 
 
 def test_a_failing_part_is_not_saved(tmp_path, monkeypatch):
