@@ -67,6 +67,13 @@ class NoPrefixCache(PrefixCache):
     def evict(self) -> int:
         raise RuntimeError("no prefix cache: there is no cached block to evict")
 
+    @property
+    def num_cached_blocks(self) -> int:
+        return 0
+
+    def hit_rate(self) -> float:
+        return 0.0
+
 
 class HashChainPrefixCache(PrefixCache):
     """Blocks named by chained hashes (`hash_to_block`: name -> block), unreferenced ones kept in LRU order.

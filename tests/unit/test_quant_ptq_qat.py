@@ -174,7 +174,7 @@ def test_kv_cache_bytes_for_smollm2_shape():
     cfg = LlamaConfig(num_hidden_layers=30, hidden_size=576, num_attention_heads=9, num_key_value_heads=3)
     assert kv_bytes_per_token(cfg, "fp32") == 30 * 2 * 3 * 64 * 4 == 46080
     assert kv_bytes_per_token(cfg, "fp8") == 11520 and kv_bytes_per_token(cfg, "fp16") == 23040
-    assert kv_bytes_per_token(cfg, "int8") == 11520 + 30 * 2 * 3 * 2  # one fp16 scale per head vector
+    assert kv_bytes_per_token(cfg, "int8") == 11520 + 30 * 2 * 3 * 4 == 12240  # one fp32 scale per head vector
     assert tokens_in_budget(cfg, 2**30, "fp8_e4m3") // 4 == tokens_in_budget(cfg, 2**30, "fp32") == 2**30 // 46080
     with pytest.raises(ValueError, match="kv cache dtype 'int4'"):
         kv_bytes_per_token(cfg, "int4")
