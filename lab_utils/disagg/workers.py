@@ -190,15 +190,7 @@ def admit_prefilled(engine, meta: dict, kv: dict[str, torch.Tensor], resume_fn=r
     m.first_scheduled_time, m.first_token_time = meta["first_scheduled_time"], meta["first_token_time"]
     m.token_times = [meta["first_token_time"]]
     req.num_cached_tokens = meta.get("num_cached_tokens", 0)
-    engine.requests[req.request_id] = req
-    reason = engine._rejection_reason(req)
-    if reason:
-        req.status, req.finish_reason, req.swapped_kv = Status.REJECTED, f"rejected: {reason}", None
-        engine.num_rejected += 1
-        engine._pending_outputs.append(engine._output(req, finished=True))
-        return req.request_id
-    engine.scheduler.add(req)
-    return req.request_id
+    return engine.admit(req)
 
 
 def _orphaned() -> bool:

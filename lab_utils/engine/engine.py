@@ -242,6 +242,70 @@ class LLMEngine:
     def has_unfinished(self) -> bool:
         return self.scheduler.has_work() or bool(self._pending_outputs)
 
+    # -- the serving API --------------------------------------------------------------------------
+    # What a server that drives step() from its own loop needs (lab_utils/server/async_engine.py, the decode
+    # worker of lab_utils/disagg): it reads and moves requests through these, never through the scheduler.
+    @property
+    def num_waiting(self) -> int:
+        """Requests queued for a step: new ones, and those a preemption sent back."""
+        return len(self.scheduler.waiting)
+
+    def pending_outputs(self) -> list[RequestOutput]:
+        """A copy of the outputs the next step() returns first (aborts, rejections since the last step). A step
+        that raises has taken them already: its caller delivers this copy, made before the step, instead."""
+        return list(self._pending_outputs)
+
+    def take_pending_outputs(self) -> list[RequestOutput]:
+        """The outputs waiting for the next step() (aborts, rejections), handed over now, without a step."""
+        outputs, self._pending_outputs = self._pending_outputs, []
+        return outputs
+
+    def requests_in_step(self) -> list[Request]:
+        """The requests a step works on: the running ones, or, when none runs, the head of the queue (the one
+        being admitted). After a step raised, these are the ones it may have failed on."""
+        running = [r for r in self.scheduler.running if not r.status.done]
+        return running or list(self.scheduler.waiting)[:1]
+
+    def set_aside(self, request_id: str) -> Request:
+        """Take an unfinished request out of scheduling and drop its KV (a step that failed may have left it
+        half-written; it is recomputed on `resume`, as after a recompute preemption). It stays unfinished, in
+        no queue, until `resume` or `abort`."""
+        req = self.requests[request_id]
+        sched = self.scheduler
+        if req in sched.running:
+            sched.running.remove(req)
+        elif req in sched.waiting:
+            sched.waiting.remove(req)
+        self.block_manager.free(req)
+        req.swapped_kv = None
+        req.num_computed_tokens = 0
+        req.status = Status.WAITING
+        return req
+
+    def resume(self, request_id: str) -> bool:
+        """Put a request from `set_aside` back at the head of the queue. False if it ended meanwhile."""
+        req = self.requests.get(request_id)
+        if req is None or req.status.done:
+            return False
+        if req in self.scheduler.running or req in self.scheduler.waiting:
+            raise ValueError(f"request {request_id!r} is already scheduled: only a set-aside request resumes")
+        self.scheduler.waiting.appendleft(req)
+        return True
+
+    def admit(self, req: Request) -> str:
+        """Queue a Request built elsewhere, progress included (the decode side of disaggregated serving: its
+        prompt's KV and first token came from another engine). One that can never run here is rejected with a
+        reason, as in `add_request`. Returns its id."""
+        self.requests[req.request_id] = req
+        reason = self._rejection_reason(req)
+        if reason:
+            req.status, req.finish_reason, req.swapped_kv = Status.REJECTED, f"rejected: {reason}", None
+            self.num_rejected += 1
+            self._pending_outputs.append(self._output(req, finished=True))
+        else:
+            self.scheduler.add(req)
+        return req.request_id
+
     # -- the loop ---------------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
         """One scheduling step + one forward pass. Returns an output for every request that produced a token

@@ -22,7 +22,7 @@ from collections import deque
 from dataclasses import dataclass
 
 from lab_utils.engine.engine import LLMEngine
-from lab_utils.engine.request import Request, RequestOutput, Status
+from lab_utils.engine.request import Request, RequestOutput
 from lab_utils.engine.sampling_params import SamplingParams
 
 log = logging.getLogger(__name__)
@@ -79,7 +79,7 @@ class AsyncEngine:
 
     @property
     def num_waiting(self) -> int:
-        return len(self.engine.scheduler.waiting) + len(self._probation)
+        return self.engine.num_waiting + len(self._probation)
 
     def _loop(self) -> None:
         try:
@@ -102,7 +102,7 @@ class AsyncEngine:
             self._admit_probe()
             busy = self.engine.has_unfinished()
             if busy:
-                pending = list(self.engine._pending_outputs)  # step() takes these first; keep them on failure
+                pending = self.engine.pending_outputs()  # step() takes these first; kept for a failure
                 try:
                     outputs = self.engine.step()
                     self._consecutive_failures = 0
@@ -139,8 +139,7 @@ class AsyncEngine:
         """A step raised: end or set aside the requests it held; return the outputs that ends them."""
         self.num_step_failures += 1
         self._consecutive_failures += 1
-        sched = self.engine.scheduler
-        held = [r for r in sched.running if not r.status.done] or list(sched.waiting)[:1]
+        held = self.engine.requests_in_step()
         suspects = [r for r in held if r.request_id not in self._veterans] or held
         log.error("engine step failed (%d suspects): %r", len(suspects), exc, exc_info=exc)
         if not suspects or self._consecutive_failures >= self.max_consecutive_failures:
@@ -155,15 +154,14 @@ class AsyncEngine:
                 self.engine.abort(req.request_id, reason=why)
                 ended += 1
             else:
-                _set_aside(self.engine, req)
+                self.engine.set_aside(req.request_id)
                 self._probation.append(req)
             if self._probe is req:
                 self._probe = None
         self.num_failed_requests += ended
         if self.on_step_failure is not None:
             self.on_step_failure(ended)
-        outputs, self.engine._pending_outputs = self.engine._pending_outputs, []
-        return outputs
+        return self.engine.take_pending_outputs()
 
     def _admit_probe(self) -> None:
         """Let the next request on probation rejoin the scheduler once the previous one is cleared."""
@@ -171,8 +169,7 @@ class AsyncEngine:
             self._probe = None
         while self._probe is None and self._probation:
             req = self._probation.popleft()
-            if not req.status.done:  # its client may have left meanwhile
-                self.engine.scheduler.waiting.appendleft(req)
+            if self.engine.resume(req.request_id):  # False: its client left meanwhile
                 self._probe = req
 
     def _die(self, exc: BaseException) -> None:
@@ -231,17 +228,3 @@ class AsyncEngine:
         self._stop = True
         self._wake.set()
         self._thread.join(timeout=10)
-
-
-def _set_aside(engine: LLMEngine, req: Request) -> None:
-    """Take a running request out of the scheduler and drop its KV (it is recomputed when it rejoins, as after
-    a recompute preemption): the failed step may have left its cache half-written."""
-    sched = engine.scheduler
-    if req in sched.running:
-        sched.running.remove(req)
-    elif req in sched.waiting:
-        sched.waiting.remove(req)
-    engine.block_manager.free(req)
-    req.swapped_kv = None
-    req.num_computed_tokens = 0
-    req.status = Status.WAITING
