@@ -1,8 +1,11 @@
 """A lab's closing claims: statements computed from what just ran, printed, and asserted.
 
-Each lab's module (`lab_utils.checks.labNN`) has `claims(r) -> list[Claim]`, built from a dict of the run's
-measurements, and `assert_claims(r)`. Keeping the logic out of the notebook lets a unit test feed it a perturbed
-measurement (a broken component, a slower path) and see the claim fail: every claim must be able to fail.
+Every lab states its claims one way. Its module (`lab_utils.checks.labNN`) has `claims(r: dict) -> list[Claim]`,
+built from `r`, the dict of the run's measurements the notebook's claims cell passes (`need` names a missing one),
+and `assert_claims(r: dict, show: bool = True) -> None`, which is `report(claims(r), show)`: the cell prints one
+PASS / FAIL / NOT JUDGED line per claim and fails on a FAIL. Keeping the logic out of the notebook lets a unit test
+(`tests/unit/test_claims_labNN.py`) feed it a perturbed measurement (a broken component, a slower path) and see the
+claim fail: every claim must be able to fail.
 A statement that only re-checks a model's own arithmetic says so ("check of the model"), so it does not read as
 a measurement.
 A timing claim may also be "not judged" (verdict None, see `lab_utils.checks.timing`): the machine was too busy

@@ -12,6 +12,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
+from lab_utils.checks.claims import Claim
 from lab_utils.models.llama import apply_rope, rope_inv_freq
 
 ATOL, RTOL = 1e-4, 1e-4
@@ -252,7 +253,7 @@ def _rounds(r: dict, key: str, fallback: float) -> list[float]:
     return list(r[key]) if r.get(key) is not None else [fallback]
 
 
-def claims(r: dict) -> list[tuple[str, bool | None]]:
+def claims(r: dict) -> list[Claim]:
     """Lab 00's claims from the run's measurements `r` (built in the notebook's claims cell).
 
     Timing claims are judged on per-round ratios of interleaved measurements (`lab_utils.checks.timing`):

@@ -13,6 +13,8 @@ import random
 from dataclasses import dataclass, field
 from typing import Callable
 
+from lab_utils.checks.claims import Claim
+
 
 @dataclass(frozen=True)
 class ToyRequest:
@@ -181,7 +183,7 @@ RERUN = ("close what keeps the CPU busy and rerun the serving cell of section 3 
 CONTINUOUS_RUN_PARTS = ("scheduler.schedule_continuous", "engine.stop_reason")
 
 
-def claims(r: dict) -> list[tuple[str, bool | None]]:
+def claims(r: dict) -> list[Claim]:
     """Lab 01's claims from the run's measurements `r` (built in the notebook's claims cell).
 
     `throughput_rounds`: continuous / static output throughput of each round of the interleaved runs (static,

@@ -13,6 +13,7 @@ from typing import Callable
 
 import torch
 
+from lab_utils.checks.claims import Claim
 from lab_utils.checks.lab00 import compare
 
 
@@ -127,7 +128,7 @@ PAGED_RUN_PARTS = ("block_manager.grow", "block_manager.release", "scheduler.mak
                    "attention.slot_mapping")
 
 
-def claims(r: dict) -> list[tuple[str, bool]]:
+def claims(r: dict) -> list[Claim]:
     """Lab 02's claims from the two runs' measurements `r` (built in the notebook's claims cell).
 
     `contiguous`, `paged`: each layout's row of the results table (`kv_waste`, `peak_running`); `same`: requests

@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Callable
 
 from lab_utils.checks import parts_check
+from lab_utils.checks.claims import Claim
 from lab_utils.engine.block_manager import BlockManager
 from lab_utils.engine.config import EngineConfig
 from lab_utils.course.parts import check_signature
@@ -91,7 +92,7 @@ def check_schedule_token_budget(fn: Callable, trials: int = 150, seed: int = 0, 
 
 
 # --- the lab's closing claims --------------------------------------------------------------------------------
-def claims(r: dict) -> list[tuple[str, bool]]:
+def claims(r: dict) -> list[Claim]:
     """Lab 03's claims from the sweep's measurements `r` (built in the notebook's claims cell); `calls`: how often
     the sweep's runs called each of your parts (`parts.calls` over the sweep)."""
     from lab_utils.checks.claims import need, parts_called

@@ -17,6 +17,7 @@ import random
 from typing import Callable
 
 from lab_utils.checks import parts_check
+from lab_utils.checks.claims import Claim
 from lab_utils.engine.block_manager import BlockManager
 from lab_utils.engine.config import EngineConfig
 from lab_utils.course.parts import check_signature
@@ -203,7 +204,7 @@ CACHED_RUN_PARTS = tuple(f"block_manager.{p}" for p in ("hash_block", "commit_fu
                                                          "recycle", "evict"))
 
 
-def claims(r: dict) -> list[tuple[str, bool]]:
+def claims(r: dict) -> list[Claim]:
     """Lab 04's claims from the runs' measurements `r` (built in the notebook's claims cell).
 
     The TTFT and replay claims expect what this device's prefill costs predict (`ttft_cut_predicted`, from

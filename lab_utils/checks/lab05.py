@@ -17,6 +17,7 @@ from collections.abc import Callable
 
 import torch
 
+from lab_utils.checks.claims import Claim
 from lab_utils.quant.formats import FP8_E4M3, quantize_int
 
 E4M3 = FP8_E4M3
@@ -408,7 +409,7 @@ def check_quant_in_engine(parts, num_requests: int = 8, seed: int = 0) -> dict:
 # --- the lab's closing claims --------------------------------------------------------------------------------
 
 
-def claims(r: dict) -> list[tuple[str, bool]]:
+def claims(r: dict) -> list[Claim]:
     """Lab 05's claims from the run's measurements `r` (built in the notebook's claims cell).
 
     `ppl`: perplexity per configuration label; `kv_ppl`: perplexity per KV format; `kv_tokens`: tokens per KV format

@@ -12,6 +12,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
+from lab_utils.checks.claims import Claim
 from lab_utils.distill.loss import kd_loss
 
 KDLoss = Callable[[torch.Tensor, torch.Tensor, float], torch.Tensor]
@@ -76,7 +77,7 @@ def check_kd_loss(fn: KDLoss, seed: int | None = None) -> None:
 # --- the lab's closing claims --------------------------------------------------------------------------------
 
 
-def claims(r: dict) -> list[tuple[str, bool]]:
+def claims(r: dict) -> list[Claim]:
     """Lab 06's claims from the run's measurements `r` (built in the notebook's claims cell)."""
     from lab_utils.checks.claims import need
 

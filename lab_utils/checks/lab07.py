@@ -14,6 +14,7 @@ from collections.abc import Callable
 
 import torch
 
+from lab_utils.checks.claims import Claim
 from lab_utils.speculative.verify import accept_probability, residual_distribution
 
 
@@ -332,7 +333,7 @@ def check_verify_in_engine(parts, num_requests: int = 8, k: int = 3, seed: int =
 
 # --- the lab's closing claims --------------------------------------------------------------------------------
 
-def claims(r: dict) -> list[tuple[str, bool]]:
+def claims(r: dict) -> list[Claim]:
     """Lab 07's claims from the run's measurements `r` (built in the notebook's claims cell).
 
     `gaps`: {config: [top-2 logit gap at each output that differs from plain greedy]}; `near_tie`: the largest

@@ -15,6 +15,7 @@ import random
 from collections.abc import Callable
 
 from lab_utils.bench.metrics import RequestTimes, meets_slo
+from lab_utils.checks.claims import Claim
 
 
 def reference_goodput(requests, duration_s: float, slo_ttft_ms: float | None, slo_tpot_ms: float | None) -> float:
@@ -170,7 +171,7 @@ def check_sweep(fn: Callable, seed: int | None = 0, trials: int = 20) -> None:
 # --- the lab's closing claims --------------------------------------------------------------------------------
 
 
-def claims(r: dict) -> list[tuple[str, bool]]:
+def claims(r: dict) -> list[Claim]:
     """Lab 08's claims from the run's measurements `r` (built in the notebook's claims cell).
 
     `rows`: the sweep's rows (engine, config, workload and metrics); `goodput`: {(engine, config): req/s} under SLOs

@@ -10,6 +10,7 @@ import math
 import random
 from collections.abc import Callable
 
+from lab_utils.checks.claims import Claim
 from lab_utils.sim.cost_model import allreduce_time
 
 GB = 1e9
@@ -386,7 +387,7 @@ def _first_difference_gap(model, prompts, i: int, before: list[int], x: int, y: 
 # --- the lab's closing claims --------------------------------------------------------------------------------
 
 
-def claims(r: dict) -> list[tuple[str, bool]]:
+def claims(r: dict) -> list[Claim]:
     """Lab 09's claims from the run's measurements `r` (built in the notebook's claims cell).
 
     Only the first is a measurement of something that could go either way (two real processes). The byte counts

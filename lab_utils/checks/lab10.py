@@ -10,6 +10,7 @@ import random
 from collections.abc import Callable
 
 from lab_utils.bench.metrics import RequestTimes, summarize
+from lab_utils.checks.claims import Claim
 
 
 def check_roofline_time(fn: Callable[[float, float, float, float, float], float], seed: int | None = None) -> None:
@@ -380,7 +381,7 @@ def check_handoff_in_engine(export_fn=None, import_fn=None, resume_fn=None, num_
 # --- the lab's closing claims --------------------------------------------------------------------------------
 
 
-def claims(r: dict) -> list[tuple[str, bool]]:
+def claims(r: dict) -> list[Claim]:
     """Lab 10's claims from the run's measurements `r` (built in the notebook's claims cell).
 
     The first three are measurements (two real processes, the bytes that crossed the pipe, the simulator against

@@ -11,6 +11,7 @@ import os
 import random
 from collections.abc import Callable
 
+from lab_utils.checks.claims import Claim
 from lab_utils.rag.session import MAX_ENTITIES, SessionState, extract_entities, refers_back, update_state
 
 ENTITIES = ["Marie Curie", "Apollo 11", "Leonardo da Vinci", "Mount Everest", "Nelson Mandela", "Great Wall of China",
@@ -240,7 +241,7 @@ def check_layout_in_engine(fn: Callable[..., str], tokenizer, seed: int = 0) -> 
 # --- the lab's closing claims --------------------------------------------------------------------------------
 
 
-def claims(r: dict) -> list[tuple[str, bool]]:
+def claims(r: dict) -> list[Claim]:
     """Lab 11's claims from the run's follow-up summaries `r["followup"][retriever][strategy]` (recall@5,
     tokens_per_query, constraint_completeness), for each retriever in `r["retrievers"]`, and the engine's prefix
     cache under the learner's prompt layout and a volatile-first one (`r["layout"]`, from `prefix_hits`)."""

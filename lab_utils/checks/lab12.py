@@ -9,6 +9,8 @@ import json
 import random
 from collections.abc import Callable
 
+from lab_utils.checks.claims import Claim
+
 
 def _random_stream(rng: random.Random) -> tuple[list[str], list[dict]]:
     chunks = [{"id": "cmpl-x", "choices": [{"index": 0, "text": rng.choice(["a", " b", "c ", "", " [DONE] "]),
@@ -309,7 +311,7 @@ def _stream_in_engine(fn: Callable) -> int:
 # --- the lab's closing claims --------------------------------------------------------------------------------
 
 
-def claims(r: dict) -> list[tuple[str, bool]]:
+def claims(r: dict) -> list[Claim]:
     """Lab 12's claims from the run's measurements `r` (built in the notebook's claims cell).
 
     `server_ttft_count` / `server_ttft_mean_s` are the server's own TTFT histogram over the benchmark only (the

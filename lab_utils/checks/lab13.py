@@ -11,6 +11,7 @@ from collections.abc import Callable
 
 import torch
 
+from lab_utils.checks.claims import Claim
 from lab_utils.structured.hook import apply_token_bitmask as _ref_apply
 
 
@@ -91,7 +92,7 @@ def check_mask_step(apply_fn: Callable, advance_fn: Callable, seed: int | None =
 
 
 # ------------------------------------------------------------------------------------------ claims
-def claims(r: dict) -> list[tuple[str, bool]]:
+def claims(r: dict) -> list[Claim]:
     """Lab 13's claims from the run's measurements `r` (built in the notebook's claims cell)."""
     from lab_utils.checks.claims import need
     from lab_utils.checks.timing import judge
