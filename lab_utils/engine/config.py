@@ -1,7 +1,9 @@
 """Engine configuration. Field names mirror vLLM's engine arguments so a flag means the same thing in both."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+import functools
+import os
+from dataclasses import dataclass, field
 
 SCHEDULERS = ("static", "continuous", "token_budget")
 KV_CACHE_DTYPES = ("auto", "fp32", "fp16", "bf16", "fp8", "int8")
@@ -9,6 +11,24 @@ QUANTIZATIONS = (None, "int8", "int4", "w8a8")
 PREEMPTION_MODES = ("recompute", "swap")
 KV_LAYOUTS = ("paged", "contiguous")
 SPEC_METHODS = ("draft", "ngram", "medusa", "eagle")
+# EngineConfig's CPU fast-path switches, and the environment variable that sets each one's default
+CPU_SWITCH_ENV = {
+    "cpu_kernels": "LAB_CPU_KERNELS",
+    "cpu_packed_linear": "LAB_CPU_PACKED_LINEAR",
+    "cpu_fused_layers": "LAB_CPU_FUSED_LAYERS",
+    "cpu_small_m_linear": "LAB_CPU_SMALL_M_LINEAR",
+}
+
+
+def cpu_switch_default(name: str) -> bool:
+    """The default of the CPU switch `name` (an `EngineConfig` field): on, unless its environment variable
+    (`CPU_SWITCH_ENV`) is "0". The one place those variables are read: a config reads them when it is built, and
+    the accelerations read them here when they are used without a config (a draft model, a benchmark)."""
+    return os.environ.get(CPU_SWITCH_ENV[name], "1") != "0"
+
+
+def _cpu_switch(name: str):
+    return field(default_factory=functools.partial(cpu_switch_default, name))
 
 
 @dataclass
@@ -58,6 +78,13 @@ class EngineConfig:
     watermark: float = 0.01  # share of blocks kept free when admitting, so running requests can grow
     enforce_eager: bool = False
     seed: int = 0
+    # CPU fast paths (lab_utils.engine.accel): PyTorch's results to float32 round-off, on by default, off for A/B
+    # measurements; `enforce_eager` leaves them on (kernels, not compilation). The environment sets the defaults:
+    # LAB_CPU_KERNELS=0 etc. (CPU_SWITCH_ENV, read when the config is built)
+    cpu_kernels: bool = _cpu_switch("cpu_kernels")  # compiled C++ kernels; off: PyTorch's ops (vLLM: custom_ops none)
+    cpu_packed_linear: bool = _cpu_switch("cpu_packed_linear")  # linears packed once for oneDNN; off: F.linear, unfused
+    cpu_fused_layers: bool = _cpu_switch("cpu_fused_layers")  # Llama's q/k/v and gate/up as one packed linear each
+    cpu_small_m_linear: bool = _cpu_switch("cpu_small_m_linear")  # few-row linears on the compiled small-M GEMM
 
     def __post_init__(self) -> None:
         def need(name: str, ok: bool, allowed: str) -> None:
@@ -77,6 +104,8 @@ class EngineConfig:
         need("preemption_mode", self.preemption_mode in PREEMPTION_MODES, f"one of {PREEMPTION_MODES}")
         need("kv_layout", self.kv_layout in KV_LAYOUTS, f"one of {KV_LAYOUTS}")
         need("watermark", 0.0 <= self.watermark < 0.5, "in [0, 0.5)")
+        for name in CPU_SWITCH_ENV:
+            need(name, isinstance(getattr(self, name), bool), "True or False")
         if self.max_num_batched_tokens < self.block_size:
             raise ValueError(
                 f"EngineConfig.max_num_batched_tokens={self.max_num_batched_tokens} is smaller than "

@@ -11,7 +11,7 @@ import torch
 from lab_utils.device import now, resolve_device
 from lab_utils.engine.block_manager import BlockManager
 from lab_utils.engine.config import EngineConfig
-from lab_utils.engine.accel import fast_linears, runner_options
+from lab_utils.engine.accel import FastPaths, fast_linears, warmup_shapes
 from lab_utils.engine.kv_cache import KVCache, fp8_decode, fp8_encode, storage_dtype
 from lab_utils.engine.model_runner import ModelRunner
 from lab_utils.course.parts import REFERENCE, EngineParts
@@ -93,10 +93,9 @@ class LLMEngine:
         self.scheduler = self.parts.subclass(Scheduler, "scheduler")(
             config, self.block_manager, functools.partial(swap_out, self.kv_cache),
             functools.partial(swap_in, self.kv_cache))
-        self.runner = ModelRunner(fast_linears(model, self.device), self.kv_cache, self.block_size, self.device,
-                                  **runner_options(config, self.device, model, self.kv_cache, self.block_size,
-                                                   self.max_model_len),
-                                  slot_mapping=self.parts.function("attention.slot_mapping", None))
+        fast_paths = FastPaths.for_engine(config, self.device, model, self.kv_cache, self.block_size, self.max_model_len)
+        self.runner = ModelRunner(fast_linears(model, self.device, config), self.kv_cache, self.block_size, self.device,
+                                  fast_paths, slot_mapping=self.parts.function("attention.slot_mapping", None))
         self.spec = None  # speculative decoding (lab 07): turns decode steps into verify steps
         if config.speculative is not None:
             from lab_utils.speculative.hook import SpecDecoder
@@ -427,23 +426,13 @@ class LLMEngine:
         batch size pays a capture (and the first steps a compilation) inside the measurement.
 
         Call it on a fresh engine (see `can_warm_up`). Returns {"steps", "graphs", "seconds", ...}."""
-        from lab_utils.engine.accel.cuda_graphs import MIN_CONTEXT_BUCKET, bucket_for, context_bucket
-
         self._check_open()
         if not self.can_warm_up():
             raise RuntimeError("warmup() needs a fresh engine (no request running, no block in use or cached): "
                                "call it right after building the engine")
         max_batch = min(max_batch or self.config.max_num_seqs, self.config.max_num_seqs)
-        graphs = self.runner.graphs
-        batches = [1]
-        if graphs is not None:
-            top = bucket_for(max_batch, graphs.buckets) or graphs.buckets[-1]
-            batches = [b for b in graphs.buckets if b <= top]
-        longest = min(max_context or 1, self.max_model_len)
-        steps = [MIN_CONTEXT_BUCKET]
-        while steps[-1] < longest:
-            steps.append(steps[-1] * 2)
-        contexts = sorted({context_bucket(min(c, longest), self.block_size, self.max_model_len) for c in steps})
+        batches, contexts = warmup_shapes(self.runner.fast_paths, max_batch, max_context, self.block_size,
+                                          self.max_model_len)
         return self.runner.warmup(batches, contexts, prefill_len, self.num_blocks)
 
     # -- lifetime -----------------------------------------------------------------------------------

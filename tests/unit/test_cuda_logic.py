@@ -299,11 +299,12 @@ def test_compiled_flex_on_cpu_recompiles_a_bounded_number_of_times(tiny, monkeyp
 
 def test_split_attention_groups_decode_rows_on_cpu_only(tiny, monkeypatch):
     """The CPU-tuned split (decode rows in groups of 8) multiplied kernels and host syncs on a GPU's eager path."""
+    import lab_utils.engine.accel.split_attention as sa
     import lab_utils.engine.model_runner as mr
 
     eng = LLMEngine(tiny, EngineConfig(num_gpu_blocks=16, enforce_eager=True), device="cpu")
     built = []
-    monkeypatch.setattr(mr.SplitMetadata, "build", staticmethod(lambda *a, **k: built.append(a[-1])))
+    monkeypatch.setattr(sa.SplitMetadata, "build", staticmethod(lambda *a, **k: built.append(a[-1])))
     monkeypatch.setattr(mr.AttentionMetadata, "build", staticmethod(lambda *a, **k: "meta"))
     r = mr.ModelRunner(eng.runner.model, eng.kv_cache, eng.block_size, torch.device("cuda"))
     assert not r.cpu_decode_kernel and isinstance(r._attention([[0]], [3], [1]), mr.PagedAttention) and not built

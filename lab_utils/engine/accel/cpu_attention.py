@@ -8,9 +8,10 @@ call a layer: it walks each sequence's block table and reads its K/V where they 
 `paged_attention_v1`, in ~60 lines of plain C++).
 
 `cpu_kernels` builds it (or says why it could not; the engine then keeps `PagedAttention`, which stays the
-path the labs teach); `LAB_CPU_KERNELS=0` turns it off. Only float32 caches on a CPU use it. Decode rows and
-speculative verify rows (a few queries a sequence, each its own kernel row) go through it; long prefill chunks
-keep `PagedAttention`.
+path the labs teach); `EngineConfig.cpu_kernels=False` (`LAB_CPU_KERNELS=0`) turns it off. Only float32 caches
+on a CPU use it. Decode rows and speculative verify rows (a few queries a sequence, each its own kernel row) go
+through it; long prefill chunks keep `PagedAttention`. It is the "cpu_kernel" attention backend
+(`attention_backends`).
 """
 from __future__ import annotations
 
@@ -22,10 +23,11 @@ from lab_utils.engine.kv_cache import KVCache
 from lab_utils.engine.paging import slot
 
 
-def kernel_usable(cache: KVCache, device: torch.device) -> bool:
-    """A float32 cache (stored as computed) on a CPU, and the kernel built."""
+def kernel_usable(cache: KVCache, device: torch.device, enabled: bool | None = None) -> bool:
+    """A float32 cache (stored as computed) on a CPU, and the kernel switched on (`enabled`: an engine's
+    `cpu_kernels`, None for the config's default) and built."""
     return (device.type == "cpu" and cache.store_dtype == torch.float32 and cache.compute_dtype == torch.float32
-            and cpu_kernels() is not None)
+            and cpu_kernels(enabled) is not None)
 
 
 # Sequences with at most this many new tokens in a step go through the kernel, one row a query (decode rows, and
@@ -41,7 +43,7 @@ class CpuDecodeAttention:
 
     def __init__(self, cache: KVCache, block_tables: list[list[int]], context_lens: list[int],
                  query_lens: list[int], block_size: int) -> None:
-        self.cache, self.block_size, self.kernel = cache, block_size, cpu_kernels()
+        self.cache, self.block_size, self.kernel = cache, block_size, cpu_kernels(True)  # chosen: switched on
         starts = [0]
         for n in query_lens:
             starts.append(starts[-1] + n)

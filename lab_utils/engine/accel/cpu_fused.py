@@ -48,7 +48,7 @@ class FusedPackedLinear(nn.Module):
     """Linears that read the same input, as one oneDNN-packed weight whose output is their outputs side by side.
     Row counts where MKL wins (see `PackedLinear`) run the original linears one by one, on the shared weights."""
 
-    def __init__(self, linears: list[nn.Module]) -> None:
+    def __init__(self, linears: list[nn.Module], small_m: bool | None = None, kernels: bool | None = None) -> None:
         super().__init__()
         if any(lin.bias is not None for lin in linears):
             raise ValueError("FusedPackedLinear takes bias-free linears (Llama's)")
@@ -58,14 +58,15 @@ class FusedPackedLinear(nn.Module):
         with torch.no_grad():
             self.packed = torch.ops.mkldnn._reorder_linear_weight(torch.cat([w.detach() for w in self.weights]))
         self.mkl_min_rows = PackedLinear.min_rows_for_mkl(self.out_features)
-        self.small_m_rows = small_m_rows(self.in_features)
+        self.small_m_rows, self.kernels = small_m_rows(self.in_features, small_m), kernels
         self.detached = [w.detach() for w in self.weights]  # the same storage, for the compiled kernel
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if PackedLinear.plain_path(x, self.in_features, self.mkl_min_rows):
             return torch.cat([F.linear(x, w) for w in self.weights], dim=-1)
-        if x.numel() <= self.small_m_rows * self.in_features and (kernels := small_m_kernel()) is not None:
-            return kernels.small_m_linear(x.contiguous(), self.detached)  # outputs side by side, no weight copy
+        few_rows = x.numel() <= self.small_m_rows * self.in_features
+        if few_rows and (module := small_m_kernel(self.kernels)) is not None:
+            return module.small_m_linear(x.contiguous(), self.detached)  # outputs side by side, no weight copy
         return torch.ops.mkldnn._linear_pointwise(x, self.packed, None, "none", [], "")
 
 
@@ -74,7 +75,7 @@ class FusedInt8Linear(nn.Module):
     the compiled INT8 (or W8A8) kernel whose outputs sit side by side (few rows); other row counts run each
     linear's own forward."""
 
-    def __init__(self, linears: list[nn.Module]) -> None:
+    def __init__(self, linears: list[nn.Module], small_m: bool | None = None, kernels: bool | None = None) -> None:
         super().__init__()
         if any(lin.bias is not None for lin in linears):
             raise ValueError("FusedInt8Linear takes bias-free linears (Llama's)")
@@ -82,11 +83,11 @@ class FusedInt8Linear(nn.Module):
         self.qweights = [lin.qweight for lin in linears]
         self.scale = torch.cat([lin.scale for lin in linears])  # tiny: one float per output row
         self.in_features = linears[0].in_features
-        self.small_m_rows = small_m_rows(self.in_features)
+        self.small_m_rows, self.kernels = small_m_rows(self.in_features, small_m), kernels
         self.w8a8 = type(linears[0]) is W8A8Linear  # (`fusable` makes them all one kind)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        kernel = int8_small_m_kernel(x, self.small_m_rows * self.in_features, self.w8a8)
+        kernel = int8_small_m_kernel(x, self.small_m_rows * self.in_features, self.w8a8, self.kernels)
         if kernel is None:
             return torch.cat([lin(x) for lin in self.linears], dim=-1)
         return kernel(x.contiguous(), self.qweights, self.scale)
@@ -95,11 +96,12 @@ class FusedInt8Linear(nn.Module):
 class FusedLlamaDecoderLayer(LlamaDecoderLayer):
     """A `LlamaDecoderLayer` (same parameters) with q/k/v and gate/up fused; set up by `fuse_layers`."""
 
-    def fuse(self) -> None:
+    def fuse(self, small_m: bool | None = None, kernels: bool | None = None) -> None:
         a, m = self.self_attn, self.mlp
         fused = FusedInt8Linear if isinstance(a.q_proj, Int8Linear) else FusedPackedLinear  # (see `fusable`)
-        self.qkv = fused([a.q_proj, a.k_proj, a.v_proj])  # nn.Linears (or PackedLinears), or Int8Linears
-        self.gate_up = fused([m.gate_proj, m.up_proj])
+        # nn.Linears (or PackedLinears), or Int8Linears
+        self.qkv = fused([a.q_proj, a.k_proj, a.v_proj], small_m, kernels)
+        self.gate_up = fused([m.gate_proj, m.up_proj], small_m, kernels)
 
     def forward(self, x: torch.Tensor, delta: torch.Tensor | None, cos: torch.Tensor, sin_signed: torch.Tensor,
                 attention: AttentionFn, kernels=None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -140,6 +142,8 @@ def silu_mul(gate_up: torch.Tensor, kernels=None) -> torch.Tensor:
 class FusedLlamaForCausalLM(LlamaForCausalLM):
     """The reference model's `hidden_states`, with the RoPE tables built once per call and fused layers."""
 
+    kernels_on: bool | None = None  # the compiled norm/SwiGLU kernels: an engine's `cpu_kernels`, None its default
+
     def hidden_states(self, input_ids: torch.Tensor, positions: torch.Tensor | None = None,
                       attention: AttentionFn = dense_causal_attention) -> torch.Tensor:
         positions = self.checked_positions(input_ids, positions)
@@ -150,7 +154,7 @@ class FusedLlamaForCausalLM(LlamaForCausalLM):
         cos, sin_signed = cos.unsqueeze(2), sin_signed.unsqueeze(2)  # broadcast over heads
         # the compiled norm/SwiGLU kernels: float32 CPU inference only (no autograd through them)
         use = x.device.type == "cpu" and x.dtype == torch.float32 and not torch.is_grad_enabled()
-        kernels = cpu_kernels() if use else None
+        kernels = cpu_kernels(self.kernels_on) if use else None
         delta = None
         for layer in self.model.layers:
             x, delta = layer(x, delta, cos, sin_signed, attention, kernels)
@@ -187,9 +191,11 @@ def fusable(model: nn.Module) -> bool:
     return len(kinds) == 1 and None not in kinds
 
 
-def fuse_layers(view: LlamaForCausalLM) -> None:
-    """Turn a (packed) view of a Llama model into its fused form, in place. The view's parameters stay shared."""
+def fuse_layers(view: LlamaForCausalLM, small_m: bool | None = None, kernels: bool | None = None) -> None:
+    """Turn a (packed) view of a Llama model into its fused form, in place. The view's parameters stay shared.
+    `small_m`, `kernels`: the compiled kernels' switches (`cpu_linear`)."""
     for layer in view.model.layers:
         layer.__class__ = FusedLlamaDecoderLayer
-        layer.fuse()
+        layer.fuse(small_m, kernels)
     view.__class__ = FusedLlamaForCausalLM
+    view.kernels_on = kernels

@@ -17,7 +17,7 @@ message, then cached in `cache_dir()/torch_extensions`, one folder per Python en
 A start that finds the leftovers of a killed build cleans them and builds again; a wait for another process's
 build is bounded (`LAB_CPU_KERNELS_LOCK_TIMEOUT`, default 900 s) and then keeps PyTorch's ops. Where that fails (no compiler) the engine warns once and keeps the PyTorch
 ops (and oneDNN for the linears), which compute the same thing: `cpu_kernels_status()` says which is in use.
-`LAB_CPU_KERNELS=0` turns the kernels off (A/B measurements).
+`EngineConfig.cpu_kernels=False` (default from `LAB_CPU_KERNELS=0`) turns the kernels off (A/B measurements).
 """
 from __future__ import annotations
 
@@ -37,6 +37,7 @@ try:
 except ImportError:  # Windows: no file locks (and rarely a compiler torch can use)
     fcntl = None
 
+from lab_utils.engine.config import cpu_switch_default
 from lab_utils.paths import cache_dir
 
 CSRC = Path(__file__).parent / "csrc"
@@ -141,14 +142,15 @@ def _compile():
         return module
 
 
-def switched_off() -> bool:
-    return os.environ.get("LAB_CPU_KERNELS", "1") == "0"
+def switched_on(enabled: bool | None = None) -> bool:
+    """`enabled` (an engine's `cpu_kernels`), or with None `EngineConfig`'s default (`LAB_CPU_KERNELS`)."""
+    return cpu_switch_default("cpu_kernels") if enabled is None else enabled
 
 
-def cpu_kernels() -> object | None:
+def cpu_kernels(enabled: bool | None = None) -> object | None:
     """The compiled module, or None (switched off, or it could not be built: `cpu_kernels_status()` says why).
-    Built once per process, on first call."""
-    if switched_off():
+    Built once per process, on first call. `enabled`: see `switched_on`."""
+    if not switched_on(enabled):
         return None
     if "module" not in _state:
         try:
@@ -161,9 +163,9 @@ def cpu_kernels() -> object | None:
     return _state["module"]
 
 
-def cpu_kernels_status() -> str:
-    """Which small-kernel path a CPU float32 engine uses, and why."""
-    if switched_off():
-        return "PyTorch ops: LAB_CPU_KERNELS=0"
-    cpu_kernels()
+def cpu_kernels_status(enabled: bool | None = None) -> str:
+    """Which small-kernel path a CPU float32 engine uses, and why. `enabled`: see `switched_on`."""
+    if not switched_on(enabled):
+        return "PyTorch ops: LAB_CPU_KERNELS=0" if enabled is None else "PyTorch ops: cpu_kernels=False"
+    cpu_kernels(True)
     return str(_state["status"])

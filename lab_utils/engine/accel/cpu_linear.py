@@ -14,17 +14,19 @@ kernels). The packed weight is a snapshot taken when the engine is built, as vLL
 build a new engine.
 Results equal `F.linear` to float32 round-off (different summation order), checked in tests/unit/test_cpu_linear.py.
 It is the CPU's ordinary GEMM kernel, as in vLLM's CPU backend, not a compile-or-graph trick, so
-`enforce_eager` leaves it on; `LAB_CPU_PACKED_LINEAR=0` turns it off (for A/B measurements). Never used on
-CUDA, for non-float32 weights, or where oneDNN is missing.
+`enforce_eager` leaves it on; `EngineConfig.cpu_packed_linear=False` (`LAB_CPU_PACKED_LINEAR=0`) turns it off
+(for A/B measurements). Never used on CUDA, for non-float32 weights, or where oneDNN is missing.
+
+The compiled kernels' switches reach each layer here as `small_m` (an engine's `cpu_small_m_linear`) and
+`kernels` (its `cpu_kernels`); None stands for `EngineConfig`'s default (`config.cpu_switch_default`).
 """
 from __future__ import annotations
-
-import os
 
 import torch
 from torch import nn
 
 from lab_utils.engine.accel.cpu_kernels import cpu_kernels
+from lab_utils.engine.config import cpu_switch_default
 from lab_utils.quant.linear import Int8Linear, W8A8Linear
 
 
@@ -51,32 +53,32 @@ WIDE_OUTPUT = 16384
 # (`csrc/small_m_linear.cpp`: each weight row read once, straight from the model's layout, into all rows of x)
 # beats oneDNN's packed GEMM on the 2-core AVX2 VM (benchmarks/small_m_gemm.py, SmolLM2's linears): 2 threads
 # 1.21x at 1 row, 1.27-1.31x at 2-8, 1.20x at 16, 1.09x at 64, level at 128; 1 thread 1.10x at 1 row, 1.04x at 64.
-# LAB_CPU_SMALL_M_LINEAR=0 turns it off (A/B); it needs in_features % 8 == 0 and an AVX2 build.
+# `cpu_small_m_linear=False` (LAB_CPU_SMALL_M_LINEAR=0) turns it off (A/B); it needs in_features % 8 == 0 and an
+# AVX2 build.
 SMALL_M_MAX_ROWS = 64
 
 
-def small_m_enabled() -> bool:
-    return os.environ.get("LAB_CPU_SMALL_M_LINEAR", "1") != "0"
-
-
-def small_m_rows(in_features: int) -> int:
+def small_m_rows(in_features: int, small_m: bool | None = None) -> int:
     """Up to how many rows a packed linear tries the compiled small-M kernel (used only while `cpu_kernels()` is
     built and not switched off; else oneDNN as before)."""
-    return SMALL_M_MAX_ROWS if in_features % 8 == 0 and small_m_enabled() else 0
+    on = cpu_switch_default("cpu_small_m_linear") if small_m is None else small_m
+    return SMALL_M_MAX_ROWS if in_features % 8 == 0 and on else 0
 
 
-def small_m_kernel():
+def small_m_kernel(kernels: bool | None = None):
     """The compiled kernels' module when its small-M GEMM is the vectorised (AVX2) one, else None: oneDNN then."""
-    kernels = cpu_kernels()
-    return kernels if kernels is not None and kernels.small_m_vectorized else None
+    module = cpu_kernels(kernels)
+    return module if module is not None and module.small_m_vectorized else None
 
 
-def int8_small_m_kernel(x: torch.Tensor, max_numel: int, w8a8: bool):
+def int8_small_m_kernel(x: torch.Tensor, max_numel: int, w8a8: bool, kernels: bool | None = None):
     """The compiled INT8 kernel (W8A8 if `w8a8`) for `x` where it applies (float32 inference, at most `max_numel`
     elements: the small-M rows, an AVX2 build), else None: the INT8 layers' own forward then."""
-    if x.dtype != torch.float32 or x.requires_grad or x.numel() > max_numel or (kernels := small_m_kernel()) is None:
+    if x.dtype != torch.float32 or x.requires_grad or x.numel() > max_numel:
         return None
-    return kernels.small_m_linear_w8a8 if w8a8 else kernels.small_m_linear_int8
+    if (module := small_m_kernel(kernels)) is None:
+        return None
+    return module.small_m_linear_w8a8 if w8a8 else module.small_m_linear_int8
 
 
 class PackedLinear(nn.Module):
@@ -84,7 +86,7 @@ class PackedLinear(nn.Module):
     compiled small-M kernel where it is built (`SMALL_M_MAX_ROWS`), the row counts where MKL is faster (a large
     prefill chunk) to the plain `F.linear` on the shared weight."""
 
-    def __init__(self, linear: nn.Linear) -> None:
+    def __init__(self, linear: nn.Linear, small_m: bool | None = None, kernels: bool | None = None) -> None:
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
         self.weight = linear.weight  # shared with the source model (tied embeddings, `.weight` readers)
@@ -92,7 +94,7 @@ class PackedLinear(nn.Module):
         with torch.no_grad():
             self.packed = torch.ops.mkldnn._reorder_linear_weight(linear.weight.detach())
         self.mkl_min_rows = self.min_rows_for_mkl(self.out_features)
-        self.small_m_rows = small_m_rows(self.in_features)
+        self.small_m_rows, self.kernels = small_m_rows(self.in_features, small_m), kernels
 
     @staticmethod
     def min_rows_for_mkl(out_features: int) -> int:
@@ -109,8 +111,9 @@ class PackedLinear(nn.Module):
         if self.plain_path(x, self.in_features, self.mkl_min_rows):
             return nn.functional.linear(x, self.weight, self.bias)
         bias = None if self.bias is None else self.bias.detach()
-        if x.numel() <= self.small_m_rows * self.in_features and (kernels := small_m_kernel()) is not None:
-            return kernels.small_m_linear(x.contiguous(), [self.weight.detach()], bias)  # the live weight
+        few_rows = x.numel() <= self.small_m_rows * self.in_features
+        if few_rows and (module := small_m_kernel(self.kernels)) is not None:
+            return module.small_m_linear(x.contiguous(), [self.weight.detach()], bias)  # the live weight
         return torch.ops.mkldnn._linear_pointwise(x, self.packed, bias, "none", [], "")
 
     def extra_repr(self) -> str:
@@ -122,15 +125,15 @@ class SmallMInt8Linear(nn.Module):
     products run the compiled INT8 (W8A8) small-M kernel (a quarter of the fp32 bytes to read); everything else
     runs its own forward."""
 
-    def __init__(self, linear: nn.Module) -> None:
+    def __init__(self, linear: nn.Module, small_m: bool | None = None, kernels: bool | None = None) -> None:
         super().__init__()
         self.inner = linear  # shares qweight / scale / bias with the source model
         self.in_features, self.out_features = linear.in_features, linear.out_features
-        self.small_m_rows = small_m_rows(self.in_features)
+        self.small_m_rows, self.kernels = small_m_rows(self.in_features, small_m), kernels
         self.w8a8 = type(linear) is W8A8Linear
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        kernel = int8_small_m_kernel(x, self.small_m_rows * self.in_features, self.w8a8)
+        kernel = int8_small_m_kernel(x, self.small_m_rows * self.in_features, self.w8a8, self.kernels)
         if kernel is None:
             return self.inner(x)
         lin = self.inner
