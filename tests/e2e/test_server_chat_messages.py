@@ -9,8 +9,9 @@ import httpx
 import pytest
 from _server_utils import KEY, MODEL, H, UvicornThread, tiny_engine
 
-from lab_utils.server.app import ChatRequest, create_app
+from lab_utils.server.app import create_app
 from lab_utils.server.messages import for_template
+from lab_utils.server.schemas import ChatRequest
 from lab_utils.server.tools import render_chat
 
 WEATHER = {"type": "function", "function": {
