@@ -3,8 +3,11 @@
 
 The teaching core, one idea a file:
 - `request.py` (a request's state), `sampling_params.py`, `config.py` (EngineConfig, vLLM's names);
-- `scheduler.py` (static, continuous and token-budget steps, preemption), `block_manager.py` (paged KV
-  bookkeeping, prefix cache), `kv_cache.py` (where K/V live), `kv_budget.py` (how big the pool is);
+- `scheduler.py` (the queues, admission and preemption every policy shares) and its policies in
+  `scheduling/` (`static.py`, `continuous.py`: lab 01, `chunked_prefill.py`: the token budget, lab 03);
+- `paging.py` (the block pool and its reference counts, the slot of a token, KV bytes per token: lab 02),
+  `prefix_cache.py` (hash-chain and no-cache: lab 04), `block_manager.py` (the two together, and admission),
+  `kv_cache.py` (where K/V live), `kv_budget.py` (how big the pool is);
 - `attention.py` (paged attention and the slot mapping), `model_runner.py` (a step as one forward pass),
   `sampler.py` (sampling and the logit processors), `logprobs.py` (token and prompt logprobs), `engine.py`
   (LLMEngine);
