@@ -196,6 +196,19 @@ class EngineParts:
         fn = self.overrides.get(name)
         return reference if fn is None else _guarded(name, fn, self.calls)
 
+    def stall_error(self, engine, stuck) -> "LearnerPartError | None":
+        """The engine scheduled nothing while `stuck` waits: name the learner's parts that hand out and return
+        KV blocks (the usual cause), with their labs and files."""
+        bm = engine.block_manager
+        suspects = [f"{n} (lab {PARTS[n].lab}, {self.origins.get(n, 'yours')})"
+                    for n in sorted(self.overrides, key=lambda n: (PARTS[n].lab, n))
+                    if n in PARTS and n.split(".")[0] in ("block_manager", "scheduler")]
+        return LearnerPartError(
+            f"the scheduler made no progress with {stuck}: {bm.num_free_blocks} of {bm.num_blocks} KV "
+            f"blocks are free. Your parts that hand out and return blocks decide this: "
+            f"{'; '.join(suspects) or ', '.join(sorted(self.overrides))}. Check that released "
+            f"blocks go back to the pool and that a request that fits is admitted")
+
     def describe(self) -> str:
         """One line per part: whose version the engine runs."""
         lines = []

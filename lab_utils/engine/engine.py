@@ -1,4 +1,10 @@
-"""LLMEngine: add requests, call step() until done. Each step: schedule -> run the model -> sample -> finish."""
+"""LLMEngine: add requests, call step() until done.
+
+Each step: the scheduler picks requests and token counts (`scheduler.py`, `scheduling/`), the step hooks plan
+(`hooks.py`: speculative guesses, grammar masks; `features.py` builds them), the model runs on the paged KV
+cache (`model_runner.py`), the hooks mask the logits, tokens are picked (`sampler.py`, or a verify hook), full
+blocks join the prefix cache, and each request appends its tokens until a stop condition ends it.
+A learner's parts replace the reference ones through `parts=` (`lab_utils.course.parts.EngineParts`)."""
 from __future__ import annotations
 
 import functools
@@ -11,6 +17,8 @@ import torch
 from lab_utils.device import now, resolve_device
 from lab_utils.engine.block_manager import BlockManager
 from lab_utils.engine.config import EngineConfig
+from lab_utils.engine.features import STATS_WHEN_OFF, build_hooks
+from lab_utils.engine.hooks import StepBatch
 from lab_utils.engine.accel import FastPaths, fast_linears, warmup_shapes
 from lab_utils.engine.kv_cache import KVCache, fp8_decode, fp8_encode, storage_dtype
 from lab_utils.engine.model_runner import ModelRunner
@@ -20,8 +28,7 @@ from lab_utils.engine.request import Request, RequestOutput, Status
 from lab_utils.engine.logprobs import record_prompt_logprobs, sampled_logprobs
 from lab_utils.engine.sampler import apply_logit_processors, sample
 from lab_utils.engine.sampling_params import SamplingParams
-from lab_utils.engine.scheduler import Scheduler
-from lab_utils.structured.hook import StructuredOutputs
+from lab_utils.engine.scheduler import Scheduler, SchedulerOutput
 
 CPU_DEFAULT_KV_BYTES = 1 << 30  # 1 GiB of KV on a CPU unless told otherwise
 
@@ -96,19 +103,11 @@ class LLMEngine:
         fast_paths = FastPaths.for_engine(config, self.device, model, self.kv_cache, self.block_size, self.max_model_len)
         self.runner = ModelRunner(fast_linears(model, self.device, config), self.kv_cache, self.block_size, self.device,
                                   fast_paths, slot_mapping=self.parts.function("attention.slot_mapping", None))
-        self.spec = None  # speculative decoding (lab 07): turns decode steps into verify steps
-        if config.speculative is not None:
-            from lab_utils.speculative.hook import SpecDecoder
-
-            self.spec = SpecDecoder(config.speculative, self.runner.model, self.device, self.block_manager,
-                                    self.max_model_len, self.kv_cache,  # the runner's model: packed lm head on CPU
-                                    parts=self.parts)  # lab 07: the verify step and its rollback
         self.eos_ids = self._eos_ids()
         self._stop_fn = self.parts.function("engine.stop_reason", stop_reason)  # lab 01: when a request is done
-        # structured output (lab 13): grammar masks for the requests that ask for them (xgrammar loads on first use)
-        self.structured = StructuredOutputs(tokenizer, mc.vocab_size, self.eos_ids)
-        if self.spec is not None:
-            self.spec.draft_filter = self.structured.filter_draft  # guesses the grammar refuses are cut
+        # the features that join every step (speculative decoding, structured output): `self.spec`,
+        # `self.structured`, and the hooks the step calls (features.py names them; a new one is appended there)
+        self.hooks = build_hooks(self)
         self.requests: dict[str, Request] = {}
         self._pending_outputs: list[RequestOutput] = []
         self._ids = itertools.count()
@@ -171,7 +170,7 @@ class LLMEngine:
         rid = request_id if request_id is not None else str(next(self._ids))
         if rid in self.requests:
             raise ValueError(f"request_id {rid!r} is already in use")
-        grammar = self.structured.compile(params.structured_output)  # a bad schema: ValueError, nothing queued
+        states = self.hooks.validate(params)  # e.g. a bad schema: ValueError, nothing queued
         req = Request(rid, text, token_ids, params, arrival_time if arrival_time is not None else now())
         self.requests[rid] = req
         reason = self._rejection_reason(req)
@@ -180,8 +179,7 @@ class LLMEngine:
             self.num_rejected += 1
             self._pending_outputs.append(self._output(req, finished=True))
         else:
-            if grammar is not None:
-                self.structured.add(rid, grammar)
+            self.hooks.add(rid, states)
             self.scheduler.add(req)
         return rid
 
@@ -232,9 +230,7 @@ class LLMEngine:
         req.finish_reason = reason
         req.metrics.finish_time = now()
         self.num_aborted += 1
-        if self.spec is not None:
-            self.spec.release(request_id)
-        self.structured.release(request_id)
+        self.hooks.release(request_id)
         self._pending_outputs.append(self._output(req, finished=True))
         return True
 
@@ -307,54 +303,62 @@ class LLMEngine:
 
     # -- the loop ---------------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
-        """One scheduling step + one forward pass. Returns an output for every request that produced a token
-        or ended in this step (streaming clients read `new_token_ids`)."""
+        """One step: schedule -> plan (hooks) -> run the model -> mask (hooks) -> pick tokens (sample, or a
+        hook's verify) -> commit full blocks -> append tokens and check stops. Returns an output for every
+        request that produced a token or ended in this step (streaming clients read `new_token_ids`)."""
         self._check_open()
         outputs, self._pending_outputs = self._pending_outputs, []
         sched = self.scheduler.schedule()
         if not sched.scheduled:
-            if self.scheduler.has_work():
-                stuck = ([r for r in self.scheduler.running if not r.status.done] or list(self.scheduler.waiting))[0]
-                if self.parts:
-                    from lab_utils.course.parts import PARTS, LearnerPartError
-
-                    bm = self.block_manager
-                    suspects = [f"{n} (lab {PARTS[n].lab}, {self.parts.origins.get(n, 'yours')})"
-                                for n in sorted(self.parts.overrides, key=lambda n: (PARTS[n].lab, n))
-                                if n in PARTS and n.split(".")[0] in ("block_manager", "scheduler")]
-                    raise LearnerPartError(
-                        f"the scheduler made no progress with {stuck}: {bm.num_free_blocks} of {bm.num_blocks} KV "
-                        f"blocks are free. Your parts that hand out and return blocks decide this: "
-                        f"{'; '.join(suspects) or ', '.join(sorted(self.parts.overrides))}. Check that released "
-                        f"blocks go back to the pool and that a request that fits is admitted")
-                raise RuntimeError(f"scheduler made no progress with {stuck}; this is a bug")
+            self._check_progress()
             return outputs
+        batch = self._begin(sched)
+        self.hooks.plan(batch)  # e.g. speculative guesses; grammar masks start filling
+        self._forward(batch)
+        tokens = self._pick_tokens(batch)
+        for req, _ in batch.scheduled:
+            self.block_manager.commit_full_blocks(req)  # after any rollback: only verified tokens are shared
+        outputs += self._append(batch, tokens)
+        self._log_step(batch, sched)
+        return outputs
+
+    def _begin(self, sched: SchedulerOutput) -> StepBatch:
         t_start = now()
         for req, _ in sched.scheduled:
             if req.metrics.first_scheduled_time is None:
                 req.metrics.first_scheduled_time = t_start
-        plans, rows = self.spec.plan(sched.scheduled, self.config.max_num_batched_tokens - sched.num_tokens) \
-            if self.spec is not None else ({}, None)
-        self.structured.prepare(sched.scheduled, plans)  # grammar masks: filled while the forward runs
-        logits, to_sample = self.runner.run(sched.scheduled, sched.num_padding, rows)
-        logits = self.structured.apply(logits, to_sample)  # forbidden tokens of constrained rows -> -inf
+        return StepBatch(sched.scheduled, sched.num_padding,
+                         self.config.max_num_batched_tokens - sched.num_tokens, t_start)
+
+    def _forward(self, batch: StepBatch) -> None:
+        """Run the model on the batch; the hooks then mask the logits of the requests that pick tokens."""
+        batch.logits, batch.to_sample = self.runner.run(batch.scheduled, batch.num_padding, batch.rows)
+        batch.hidden = self.runner.last_hidden
+        self.hooks.mask(batch)  # e.g. forbidden tokens of grammar-constrained rows -> -inf
         if self.runner.last_prompt_hidden:  # requests that asked for their prompt's logprobs
             record_prompt_logprobs(self.runner.model, self.runner.last_prompt_hidden)
-        if self.spec is not None:
-            rows = [r for (req, _), r in zip(sched.scheduled, rows) if req in to_sample]
-        logits = apply_logit_processors(logits, to_sample, self.eos_ids, rows)  # only the rows that ask
-        for req, n in sched.scheduled:
+
+    def _pick_tokens(self, batch: StepBatch) -> list[tuple[list[int], list | None]]:
+        """Per request that samples: the tokens it appends (one, or a verify step's accepted guesses + one) and
+        their logprobs when asked for."""
+        rows = batch.sampled_rows()
+        batch.logits = apply_logit_processors(batch.logits, batch.to_sample, self.eos_ids, rows)  # rows that ask
+        for req, n in batch.scheduled:
             req.num_computed_tokens += n
-        if self.spec is not None:  # verify the guesses (and roll back the rejected ones) before committing blocks
-            new_tokens = self.spec.verify(plans, logits, self.runner.last_hidden, to_sample, rows)
-        else:
-            toks = sample(logits, [r.params for r in to_sample], [r.generator for r in to_sample]) if to_sample else []
-            new_tokens = [[tok] for tok in toks]
-        logprobs = sampled_logprobs(logits, to_sample, new_tokens, rows)  # None for requests that did not ask
-        for req, _ in sched.scheduled:
-            self.block_manager.commit_full_blocks(req)
+        tokens = self.hooks.pick(batch)  # a verify step rolls its rejected guesses back here
+        if tokens is None:
+            to_sample = batch.to_sample
+            toks = sample(batch.logits, [r.params for r in to_sample], [r.generator for r in to_sample]) \
+                if to_sample else []
+            tokens = [[tok] for tok in toks]
+        logprobs = sampled_logprobs(batch.logits, batch.to_sample, tokens, rows)  # None: did not ask
+        return list(zip(tokens, logprobs))
+
+    def _append(self, batch: StepBatch, picked: list[tuple[list[int], list | None]]) -> list[RequestOutput]:
+        """Append each request's new tokens, stopping at the first that ends it; finish the ended requests."""
+        outputs = []
         t = now()
-        for req, toks, lps in zip(to_sample, new_tokens, logprobs):
+        for req, (toks, lps) in zip(batch.to_sample, picked):
             reason, emitted = None, []
             for i, tok in enumerate(toks):  # several tokens after a verify step; stop conditions truncate the chain
                 req.token_ids.append(tok)
@@ -364,27 +368,37 @@ class LLMEngine:
                 emitted.append(tok)
                 if req.metrics.first_token_time is None:
                     req.metrics.first_token_time = t
-                reason = self.structured.accept(req, tok) or self._stop_reason(req, tok)
+                reason = self.hooks.accept(req, tok) or self._stop_reason(req, tok)
                 if reason:
                     break
             if reason:
                 self.scheduler.finish(req, Status.FINISHED)
                 req.finish_reason, req.metrics.finish_time = reason, t
                 self.num_finished += 1
-                if self.spec is not None:
-                    self.spec.release(req.request_id)
-                self.structured.release(req.request_id)
+                self.hooks.release(req.request_id)
             outputs.append(self._output(req, finished=reason is not None, new=emitted))
+        batch.end = t
+        return outputs
+
+    def _log_step(self, batch: StepBatch, sched: SchedulerOutput) -> None:
         self.num_steps += 1
         if self.keep_history:
             self.step_log.append({
-                "step": self.num_steps, "start": t_start, "end": t,
-                "requests": [(r.request_id, n) for r, n in sched.scheduled],
+                "step": self.num_steps, "start": batch.start, "end": batch.end,
+                "requests": [(r.request_id, n) for r, n in batch.scheduled],
                 "num_tokens": sched.num_tokens, "preempted": [r.request_id for r in sched.preempted],
                 "free_blocks": self.block_manager.num_free_blocks,
                 "num_padding": sched.num_padding,  # static batching: finished members computed as padding
             })
-        return outputs
+
+    def _check_progress(self) -> None:
+        """A step that scheduled nothing while requests wait is a stall: a bug, or a learner's part that keeps
+        blocks (the course's parts say which, `EngineParts.stall_error`)."""
+        if not self.scheduler.has_work():
+            return
+        stuck = ([r for r in self.scheduler.running if not r.status.done] or list(self.scheduler.waiting))[0]
+        error = self.parts.stall_error(self, stuck) if self.parts else None
+        raise error or RuntimeError(f"scheduler made no progress with {stuck}; this is a bug")
 
     def _stop_reason(self, req: Request, tok: int) -> str | None:
         p = req.params
@@ -506,7 +520,7 @@ class LLMEngine:
             "num_aborted": self.num_aborted,
             "num_rejected": self.num_rejected,
             "num_steps": self.num_steps,
-            **(self.spec.stats.as_dict() if self.spec is not None else {"spec_acceptance_rate": None}),
+            **STATS_WHEN_OFF, **self.hooks.stats(),
         }
 
 

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from lab_utils.engine.hooks import StepBatch, StepHook
 from lab_utils.engine.paging import slot
 from lab_utils.engine.request import Request
 from lab_utils.engine.sampler import apply_top_k_top_p, sample
@@ -82,7 +83,9 @@ def target_probs(logits: torch.Tensor, params) -> torch.Tensor:
     return torch.stack(rows).softmax(-1).cpu()
 
 
-class SpecDecoder:
+class SpecDecoder(StepHook):
+    """The engine's speculative-decoding hook: `plan` adds guesses to decodes, `pick` verifies them."""
+
     def __init__(self, spec_config, model, device, block_manager, max_model_len: int, kv_cache=None,
                  parts=None) -> None:
         self.config, self.k = spec_config, spec_config.num_speculative_tokens
@@ -90,8 +93,6 @@ class SpecDecoder:
         self.bm, self.max_model_len, self.kv_cache = block_manager, max_model_len, kv_cache
         self.stats = SpecStats(self.k)
         self.hidden: dict[str, torch.Tensor] = {}  # per request: rows promised by the `hidden` contract (base.py)
-        # structured output: (request, proposal) -> the proposal cut after the first guess its grammar refuses
-        self.draft_filter = None
         # lab 07's parts: None = the reference walk (and the fast greedy path); else the learner's
         walk = parts.function("spec.accept_reject", None) if parts is not None else None
         mine = parts.function("spec.residual", None) if parts is not None else None
@@ -102,9 +103,24 @@ class SpecDecoder:
         self.greedy = parts.function("spec.verify_greedy", None) if parts is not None else None
         self.rollback = parts.function("spec.rollback", rollback) if parts is not None else rollback
 
-    def plan(self, scheduled: list[tuple[Request, int]], budget: int) -> tuple[dict[str, Proposal], list[int]]:
+    # -- the step hook ------------------------------------------------------------------------------
+    def plan(self, batch: StepBatch) -> None:
+        """Add guesses to this step's decodes: `batch.guesses` and, per scheduled entry, `batch.rows`."""
+        batch.guesses, batch.rows = self.propose_all(batch.scheduled, batch.budget_left, batch.filter_guesses)
+
+    def pick(self, batch: StepBatch) -> list[list[int]]:
+        """Verify this step's guesses: the accepted ones and one more token per request."""
+        return self.verify(batch.guesses, batch.logits, batch.hidden, batch.to_sample, batch.sampled_rows())
+
+    def engine_stats(self) -> dict:
+        return self.stats.as_dict()
+
+    # -- guesses and verification ------------------------------------------------------------------
+    def propose_all(self, scheduled: list[tuple[Request, int]], budget: int,
+                    filter_guesses=None) -> tuple[dict[str, Proposal], list[int]]:
         """Add guesses to this step's decodes (in place). Returns {request id: proposal} and, per scheduled
-        entry, how many trailing rows of logits the runner must return (1 + guesses for a verify)."""
+        entry, how many trailing rows of logits the runner must return (1 + guesses for a verify).
+        `filter_guesses(req, proposal)` may cut a proposal (structured output: guesses its grammar refuses)."""
         plans, rows = {}, []
         for i, (req, n) in enumerate(scheduled):
             # a request with logit processors decodes one token at a time: its penalties depend on every token
@@ -114,8 +130,8 @@ class SpecDecoder:
             k = min(self.k, budget, req.params.max_tokens - req.num_output_tokens - 1,
                     self.max_model_len - req.num_tokens - 1) if is_decode else 0
             prop = self._propose(req, k) if k > 0 else None
-            if prop is not None and self.draft_filter is not None:
-                prop = self.draft_filter(req, prop)
+            if prop is not None and filter_guesses is not None:
+                prop = filter_guesses(req, prop)
             if prop is not None and prop.token_ids and self.bm.grow(req, req.num_tokens + len(prop.token_ids)):
                 req.token_ids.extend(prop.token_ids)  # only for this step: `verify` removes them again
                 scheduled[i] = (req, 1 + len(prop.token_ids))

@@ -44,6 +44,7 @@ from typing import Callable
 
 import torch
 
+from lab_utils.engine.hooks import StepBatch, StepHook
 from lab_utils.structured.params import StructuredOutputParams
 from lab_utils.structured.schema import Unsatisfiable, prepare_schema
 
@@ -188,12 +189,12 @@ class GrammarCompiler:
         return self.xgr.GrammarMatcher(compiled)
 
 
-class StructuredOutputs:
+class StructuredOutputs(StepHook):
     """The engine's structured-output hook: one matcher per constrained request, bitmasks per step.
 
-    The engine calls `compile` (in add_request: a bad schema is a ValueError there), `add`, `filter_draft`
-    (speculative guesses), `prepare` (before the forward: starts filling this step's masks), `apply` (after
-    the forward: masks the constrained rows), `accept` (per emitted token) and `release`."""
+    As a `StepHook`: `validate` compiles (in add_request: a bad schema is a ValueError there), `add` makes the
+    request's matcher, `filter_guesses` cuts speculative guesses, `plan` starts filling this step's masks before
+    the forward, `mask` applies them after it, `accept` advances the matcher per emitted token, `release`."""
 
     def __init__(self, tokenizer, vocab_size: int, stop_token_ids, mask_fn: MaskFn | None = None,
                  advance_fn: AdvanceFn | None = None, overlap: bool = True) -> None:
@@ -236,8 +237,12 @@ class StructuredOutputs:
         so = StructuredOutputParams.coerce(so)
         return None if so is None else self.compiler.compile(so)
 
+    def validate(self, params) -> object | None:
+        return self.compile(params.structured_output)
+
     def add(self, request_id: str, compiled) -> None:
-        self.matchers[request_id] = self.compiler.matcher(compiled)
+        if compiled is not None:
+            self.matchers[request_id] = self.compiler.matcher(compiled)
 
     def release(self, request_id: str) -> None:
         self.matchers.pop(request_id, None)
@@ -251,7 +256,7 @@ class StructuredOutputs:
         self.record[request_id] = []
 
     # -- speculative guesses ----------------------------------------------------------------------------
-    def filter_draft(self, req, prop):
+    def filter_guesses(self, req, prop):
         """Keep the guesses the grammar accepts, plus the first refused one (verification rejects it)."""
         m = self.matchers.get(req.request_id)
         if m is None or not prop.token_ids:
@@ -269,6 +274,12 @@ class StructuredOutputs:
         return type(prop)(prop.token_ids[:keep], None if prop.probs is None else prop.probs[:keep])
 
     # -- one step ---------------------------------------------------------------------------------------
+    def plan(self, batch: StepBatch) -> None:
+        self.prepare(batch.scheduled, batch.guesses)
+
+    def mask(self, batch: StepBatch) -> None:
+        batch.logits = self.apply(batch.logits, batch.to_sample)
+
     def prepare(self, scheduled, plans: dict | None = None) -> None:
         """Before the forward: which rows of this step's logits belong to constrained requests, and start
         filling their masks (worker thread with overlap, else now)."""
