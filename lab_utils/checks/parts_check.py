@@ -106,8 +106,8 @@ def _slot_mapping_cases(fn: Callable, trials: int, seed: int) -> int:
         got = [int(x) for x in got]
         if got != want:
             if len(got) != len(want):
-                raise AssertionError(f"{where('attention.slot_mapping')}, case {trial}: {len(got)} slots for {len(want)} new "
-                                     f"tokens (query_lens={q}): one slot per token the step computes")
+                raise AssertionError(f"{where('attention.slot_mapping')}, case {trial}: {len(got)} slots for "
+                                     f"{len(want)} new tokens (query_lens={q}): one slot per token the step computes")
             i = next(k for k in range(len(want)) if got[k] != want[k])
             raise AssertionError(
                 f"{where('attention.slot_mapping')}, case {trial}: slot {i} is {got[i]}, expected {want[i]} "
@@ -145,24 +145,20 @@ class PartCheck:
     cases: Callable[[Callable, int, int], int] | None = None
 
 
-def _on_state(name: str, args: Callable, accept: Callable | None = None) -> PartCheck:
-    return PartCheck(args=args, diagnosers=MISTAKES.get(name, ()), accept=accept)
-
-
 PART_CHECKS: dict[str, PartCheck] = {
-    "scheduler.schedule_continuous": _on_state("scheduler.schedule_continuous", part_calls.step_args, _step_accepted),
-    "scheduler.schedule_token_budget": _on_state("scheduler.schedule_token_budget", part_calls.step_args,
-                                                 _step_accepted),
-    "scheduler.make_room": _on_state("scheduler.make_room", part_calls.make_room_args),
-    "scheduler.preempt": _on_state("scheduler.preempt", part_calls.preempt_args),
-    "block_manager.grow": _on_state("block_manager.grow", part_calls.grow_args),
-    "block_manager.release": _on_state("block_manager.release", part_calls.release_args),
-    "block_manager.recycle": _on_state("block_manager.recycle", part_calls.recycle_args),
-    "block_manager.evict": _on_state("block_manager.evict", part_calls.evict_args),
-    "block_manager.match_prefix": _on_state("block_manager.match_prefix", part_calls.match_prefix_args),
-    "block_manager.commit_full_blocks": _on_state("block_manager.commit_full_blocks",
-                                                  part_calls.commit_full_blocks_args),
-    "block_manager.hash_block": _on_state("block_manager.hash_block", part_calls.hash_block_args),
+    **{name: PartCheck(args=args, diagnosers=MISTAKES.get(name, ()), accept=accept) for name, args, accept in [
+        ("scheduler.schedule_continuous", part_calls.step_args, _step_accepted),
+        ("scheduler.schedule_token_budget", part_calls.step_args, _step_accepted),
+        ("scheduler.make_room", part_calls.make_room_args, None),
+        ("scheduler.preempt", part_calls.preempt_args, None),
+        ("block_manager.grow", part_calls.grow_args, None),
+        ("block_manager.release", part_calls.release_args, None),
+        ("block_manager.hash_block", part_calls.hash_block_args, None),
+        ("block_manager.commit_full_blocks", part_calls.commit_full_blocks_args, None),
+        ("block_manager.match_prefix", part_calls.match_prefix_args, None),
+        ("block_manager.recycle", part_calls.recycle_args, None),
+        ("block_manager.evict", part_calls.evict_args, None),
+    ]},
     "engine.stop_reason": PartCheck(cases=_stop_reason_cases),
     "attention.slot_mapping": PartCheck(cases=_slot_mapping_cases),
 }
@@ -193,9 +189,9 @@ def _extras(c: Call) -> dict:
 
 def compare_call(name: str, fn: Callable, state: Scheduler, call: Callable[[Callable, Scheduler], Call],
                  what: str) -> bool:
-    """Run `call(reference, s)` and `call(fn, s)` on copies of `state`. Raises an AssertionError (`failure`) naming the part,
-    `what` (the case), the first difference and, where a diagnoser has evidence, the likely mistake. Returns
-    False when the case did not apply (nothing to call it on)."""
+    """Run `call(reference, s)` and `call(fn, s)` on copies of `state`. Raises an AssertionError (`failure`)
+    naming the part, `what` (the case), the first difference and, where a diagnoser of the part has evidence, the
+    likely mistake. Returns False when the case did not apply (nothing to call it on)."""
     part, check = PARTS[name], PART_CHECKS[name]
     reference = getattr(Scheduler if part.component == "scheduler" else BlockManager, part.attr)
     before = check.snapshot(state)
