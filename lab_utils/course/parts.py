@@ -1,9 +1,10 @@
-"""The seam through which a learner's code replaces a part of the engine.
+"""The course's parts: which part of the engine each lab's exercise writes, and the learner's versions of them.
 
 The course's labs each have the learner rewrite one part of this engine: the scheduling step (lab 01), the
 block allocator and the slot mapping (lab 02), the token-budget step (lab 03), the prefix cache (lab 04). Each
 part is a method of a core class (or one function) whose reference version lives in the engine itself; a
-learner's version has the same name and signature. `EngineParts` says which version an engine runs:
+learner's version has the same name and signature. `EngineParts` says which version an engine runs (it is
+what the engine's one seam for replacing a part, `lab_utils.engine.replaceable`, asks):
 
     parts = EngineParts({"block_manager.grow": my_grow})   # everything else: the reference
     engine = LLMEngine(model, config, parts=parts)
@@ -23,10 +24,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Callable, Mapping
 
-
-class LearnerPartError(AssertionError):
-    """A part of the engine (usually a learner's) broke an invariant the engine relies on; the message says
-    which one and how to fix it. An AssertionError, like every exercise check's failure."""
+from lab_utils.engine.replaceable import LearnerPartError  # noqa: F401  (the course's parts raise it)
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,7 @@ Each step: the scheduler picks requests and token counts (`scheduler.py`, `sched
 (`hooks.py`: speculative guesses, grammar masks; `features.py` builds them), the model runs on the paged KV
 cache (`model_runner.py`), the hooks mask the logits, tokens are picked (`sampler.py`, or a verify hook), full
 blocks join the prefix cache, and each request appends its tokens until a stop condition ends it.
-A learner's parts replace the reference ones through `parts=` (`lab_utils.course.parts.EngineParts`)."""
+A learner's parts replace the reference ones through `parts=` (`replaceable.py`)."""
 from __future__ import annotations
 
 import functools
@@ -22,7 +22,7 @@ from lab_utils.engine.hooks import StepBatch
 from lab_utils.engine.accel import FastPaths, fast_linears, warmup_shapes
 from lab_utils.engine.kv_cache import KVCache, fp8_decode, fp8_encode, storage_dtype
 from lab_utils.engine.model_runner import ModelRunner
-from lab_utils.course.parts import REFERENCE, EngineParts
+from lab_utils.engine.replaceable import REFERENCE, Parts
 from lab_utils.engine.paging import bytes_per_token
 from lab_utils.engine.request import Request, RequestOutput, Status
 from lab_utils.engine.logprobs import record_prompt_logprobs, sampled_logprobs
@@ -45,7 +45,7 @@ def stop_reason(req: Request, token: int, eos_ids: set[int], max_model_len: int)
     return None
 
 
-def quantizers(parts: EngineParts) -> dict:
+def quantizers(parts: Parts) -> dict:
     """Lab 05's parts as `quantize_model`'s keyword arguments: the learner's arithmetic, or None for its own.
     Every quantized model the engine builds (its weights, a quantized self-draft) goes through these."""
     return {"quantize_int8": parts.function("quant.quantize_per_channel_int8", None),
@@ -55,7 +55,7 @@ def quantizers(parts: EngineParts) -> dict:
 
 class LLMEngine:
     def __init__(self, model="smollm2-135m", config: EngineConfig | None = None, device: str = "auto",
-                 dtype: torch.dtype | None = None, tokenizer=None, parts: EngineParts | None = None) -> None:
+                 dtype: torch.dtype | None = None, tokenizer=None, parts: Parts | None = None) -> None:
         self.config = config = config or EngineConfig()
         # which version of each teachable part runs: the reference, or a learner's (lab_utils.course.parts)
         self.parts = parts if parts is not None else REFERENCE

@@ -73,7 +73,7 @@ class DraftModelProposer(Proposer):
             self.shares_target_kv = same_weights(draft_model, target_model)  # (checked before quantizing)
             if getattr(spec_config, "quantization", None):  # our own fresh copy: quantize it in place
                 from lab_utils.engine.engine import quantizers
-                from lab_utils.course.parts import REFERENCE
+                from lab_utils.engine.replaceable import REFERENCE
                 from lab_utils.quant.linear import quantize_model
 
                 draft_model, _ = quantize_model(draft_model, spec_config.quantization, skip=(),
