@@ -17,14 +17,12 @@ The core reaches it only through the names below. `EngineConfig`'s CPU switches 
 from __future__ import annotations
 
 from lab_utils.engine.accel.cpu_view import fast_linears
-from lab_utils.engine.accel.cuda_graphs import runner_options
 from lab_utils.engine.accel.fast_paths import FastPaths
 from lab_utils.engine.accel.warmup import warm_up, warmup_shapes
 
 __all__ = [
     "FastPaths",
     "fast_linears",
-    "runner_options",
     "warm_up",
     "warmup_shapes",
 ]

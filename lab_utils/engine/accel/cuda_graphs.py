@@ -163,7 +163,8 @@ class DecodeGraphRunner:
 
 def runner_options(config, device: torch.device, model: torch.nn.Module, cache: KVCache, block_size: int,
                    max_model_len: int) -> dict:
-    """The fast paths ModelRunner gets: flex attention and decode CUDA graphs on CUDA, none with enforce_eager."""
+    """The CUDA fast paths an engine's runner gets (`fast_paths.FastPaths.for_engine`): flex attention and decode
+    CUDA graphs on CUDA, none with enforce_eager."""
     from lab_utils.engine.accel.flex_attention import select_attention_backend
 
     graphs = None

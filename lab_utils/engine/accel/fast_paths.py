@@ -18,6 +18,7 @@ import torch
 
 from lab_utils.engine.accel.attention_backends import step_attention
 from lab_utils.engine.accel.cpu_attention import MAX_KERNEL_QUERIES, kernel_usable
+from lab_utils.engine.accel.cuda_graphs import runner_options
 from lab_utils.engine.kv_cache import KVCache
 from lab_utils.models.llama import AttentionFn
 
@@ -46,8 +47,6 @@ class FastPaths:
                    max_model_len: int) -> FastPaths:
         """An engine's fast paths: flex attention and decode CUDA graphs on CUDA (none with enforce_eager), the
         CPU kernel for a float32 cache on a CPU (`config.cpu_kernels`)."""
-        from lab_utils.engine.accel.cuda_graphs import runner_options
-
         options = runner_options(config, device, model, cache, block_size, max_model_len)
         cpu = options["attention_backend"] == "sdpa" and kernel_usable(cache, device, config.cpu_kernels)
         return cls(**options, cpu_kernel=cpu)

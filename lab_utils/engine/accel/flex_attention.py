@@ -1,4 +1,4 @@
-"""FlexAttention over the paged KV cache: the engine's fast path on CUDA (issues #4, #13).
+"""FlexAttention over the paged KV cache: the engine's fast path on CUDA.
 
 Same maths and same interface as `PagedAttention` (the `attention(layer_idx, q, k, v)` callable the model's
 layers call), with `torch.nn.attention.flex_attention` in place of `scaled_dot_product_attention`:
