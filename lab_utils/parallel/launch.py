@@ -191,11 +191,11 @@ def _launch(world, backend, device, model, ids, max_tokens, mode, dtype, threads
 def _learner_dir(learner_parts) -> str | None:
     if not learner_parts:
         return None
-    from lab_utils.course import learner_parts
+    from lab_utils.course.learner_parts import learner_dir
     from lab_utils.parallel.tensor_parallel import load_tp_parts
 
     load_tp_parts(learner_parts)  # fail here, in the caller, when a part is missing or does not load
-    return str(learner_parts.learner_dir().resolve())
+    return str(learner_dir().resolve())
 
 
 def stop_processes(procs, grace_s: float = 5.0) -> None:

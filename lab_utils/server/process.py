@@ -125,11 +125,11 @@ class LabServer(ServerProcess):
             args += ["--api-key", api_key]
         env = {"HF_HUB_OFFLINE": "1"}
         if learner_parts or learner_upto:  # the server loads the learner's saved parts from this process's my_engine/
-            from lab_utils.course import learner_parts
+            from lab_utils.course.learner_parts import learner_dir
 
             if learner_parts:
                 args += ["--learner-parts", *learner_parts]
             if learner_upto:
                 args += ["--learner-upto", learner_upto]
-            env["LAB_LEARNER_DIR"] = str(learner_parts.learner_dir().resolve())
+            env["LAB_LEARNER_DIR"] = str(learner_dir().resolve())
         super().__init__(args, port, startup_timeout_s, env=env)
