@@ -75,7 +75,7 @@ class Offload:
             return
         structured = self.engine.structured
         loop = asyncio.get_running_loop()
-        if structured._compiler is not None and structured.compiler.cached(so):
+        if structured.answers_at_once(so):
             structured.compile(so)  # at once: compiled (or refused) before
             return
         # the tokenizer's table and the worker processes, once per server: not the client's time

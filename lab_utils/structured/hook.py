@@ -237,6 +237,10 @@ class StructuredOutputs(StepHook):
         so = StructuredOutputParams.coerce(so)
         return None if so is None else self.compiler.compile(so)
 
+    def answers_at_once(self, so: StructuredOutputParams) -> bool:
+        """True if `compile(so)` returns at once: compiled (or refused) before. Never loads the compiler."""
+        return self._compiler is not None and self._compiler.cached(so)
+
     def validate(self, params) -> object | None:
         return self.compile(params.structured_output)
 
