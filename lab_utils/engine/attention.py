@@ -87,9 +87,11 @@ class AttentionMetadata:
         if slots_fn is None:
             slot_mapping = all_slots[b_idx, qpos[b_idx, j_idx]]
         else:
-            slot_mapping = _checked_slots(slots_fn(block_tables, context_lens, query_lens, block_size),
-                                          all_slots[b_idx, qpos[b_idx, j_idx]], block_tables, context_lens,
-                                          query_lens)
+            from lab_utils.course.guards import checked_slots
+
+            slot_mapping = checked_slots(slots_fn(block_tables, context_lens, query_lens, block_size),
+                                         all_slots[b_idx, qpos[b_idx, j_idx]], block_tables, context_lens,
+                                         query_lens)
         mask = (torch.arange(L)[None, None, :] <= qpos[:, :, None]).unsqueeze(1)
         return cls(
             slot_mapping=slot_mapping.to(device),
@@ -99,26 +101,6 @@ class AttentionMetadata:
             mask=mask.to(device),
             decode_only=Q == 1,
         )
-
-
-def _checked_slots(slots, expected: torch.Tensor, block_tables, context_lens, query_lens) -> torch.Tensor:
-    """A learner's slot mapping, refused (with the first wrong slot) before any K/V is written to a wrong place."""
-    from lab_utils.course.parts import LearnerPartError
-
-    got = torch.as_tensor(list(slots), dtype=torch.long)
-    if got.shape != expected.shape:
-        raise LearnerPartError(f"your attention.slot_mapping returned {got.numel()} slots for a step that computes "
-                               f"{expected.numel()} tokens (query_lens={list(query_lens)})")
-    bad = (got != expected).nonzero()
-    if len(bad):
-        n = int(bad[0])
-        seq = next(i for i, c in enumerate(torch.tensor(query_lens).cumsum(0).tolist()) if n < c)
-        pos = context_lens[seq] - query_lens[seq] + n - sum(query_lens[:seq])
-        raise LearnerPartError(
-            f"your attention.slot_mapping put token {n} of the step (sequence {seq}, position {pos}, block table "
-            f"{block_tables[seq][:8]}{'...' if len(block_tables[seq]) > 8 else ''}) in slot {int(got[n])}; it "
-            f"belongs in slot {int(expected[n])}: that sequence's K/V would overwrite another token's")
-    return got
 
 
 class PagedAttention:

@@ -11,32 +11,22 @@
 When blocks run out, the newest running request is preempted (recompute: drop its KV; swap: copy it to host).
 
 The methods a learner rewrites (`schedule_continuous`, `make_room`, `preempt`, `schedule_token_budget`) are the
-parts named in `lab_utils.course.parts`; `schedule()` checks whatever a policy returns before the engine runs it,
-so a wrong policy fails with a message that names the mistake, not deep inside the model.
+parts named in `lab_utils.course.parts`; `schedule()` checks whatever a policy returns before the engine runs it
+(`lab_utils.course.guards`), so a wrong policy fails with a message that names the mistake, not deep inside the
+model.
 """
 from __future__ import annotations
 
 from collections import deque
 from typing import Callable
 
+from lab_utils.course import guards
 from lab_utils.course.parts import LearnerPartError
 from lab_utils.engine.block_manager import BlockManager
 from lab_utils.engine.config import EngineConfig
 from lab_utils.engine.request import Request, Status
 from lab_utils.engine.scheduling import chunked_prefill, continuous, static
 from lab_utils.engine.scheduling.output import SchedulerOutput
-
-
-def _whose(policy: Callable) -> str:
-    """A policy's name in messages: a learner's step is named with its lab and the file it is saved in."""
-    name = getattr(policy, "__learner_part__", None)
-    if name is None:
-        return policy.__name__
-    from lab_utils.course.parts import PARTS
-    from lab_utils.course.learner_parts import learner_dir
-
-    part = PARTS[name]
-    return f"your {name} (lab {part.lab}, {learner_dir().name}/{part.component}.py)"
 
 
 class Scheduler:
@@ -68,11 +58,8 @@ class Scheduler:
         policy = {"static": self.schedule_static, "continuous": self.schedule_continuous,
                   "token_budget": self.schedule_token_budget}[self.config.scheduler]
         out = policy()
-        who = _whose(policy)
-        stale = [r.request_id for r in self.running if r.status.done]
-        if stale:
-            raise LearnerPartError(f"{who}: requests {stale} had ended but are still in self.running: "
-                                   f"retire finished requests (status.done) at the start of the step")
+        who = guards.policy_name(policy)
+        guards.check_retired(self, who)
         self._check(out, who)
         return out
 
@@ -180,36 +167,5 @@ class Scheduler:
 
     # -- the guard between a policy and the engine -------------------------------------------------
     def _check(self, out: SchedulerOutput, policy: str) -> None:
-        """Everything the model runner relies on, checked on every step (cheap: one pass over the batch)."""
-        cfg, seen = self.config, set()
-
-        def fail(msg: str) -> None:
-            raise LearnerPartError(f"{policy}: {msg}")
-
-        if len(self.running) > cfg.max_num_seqs:
-            fail(f"{len(self.running)} requests are running but max_num_seqs is {cfg.max_num_seqs}: admit only "
-                 f"while len(self.running) < max_num_seqs")
-        if out.num_tokens > cfg.max_num_batched_tokens:
-            fail(f"the step has {out.num_tokens} tokens but the budget (max_num_batched_tokens) is "
-                 f"{cfg.max_num_batched_tokens}")
-        for req, n in out.scheduled:
-            if id(req) in seen:
-                fail(f"{req.request_id} is scheduled twice in one step")
-            seen.add(id(req))
-            if req.status.done:
-                fail(f"{req.request_id} has already {req.status.value} but was scheduled: retire finished "
-                     f"requests (status.done) from self.running before scheduling")
-            if req.status is not Status.RUNNING or req not in self.running:
-                fail(f"{req.request_id} is scheduled but is {req.status.value}, not in self.running: admit "
-                     f"with self.start(req, n), which moves it from the queue into the batch")
-            remaining = req.num_tokens - req.num_computed_tokens
-            if not 1 <= n <= remaining:
-                fail(f"{req.request_id} is scheduled for {n} tokens but has {remaining} left to compute "
-                     f"(a decode is 1; a prompt chunk is at most what is left)")
-            if len(req.block_table) * self.bm.block_size < req.num_computed_tokens + n:
-                fail(f"{req.request_id} is scheduled for {n} tokens but its blocks hold only "
-                     f"{len(req.block_table) * self.bm.block_size} of the {req.num_computed_tokens + n} needed: "
-                     f"grow its block table first (self.make_room / self.bm.grow)")
-        order = [r for r in self.waiting]
-        if any(r.status is Status.RUNNING for r in order):
-            fail("a request in the waiting queue is marked RUNNING")
+        """Everything the model runner relies on (`lab_utils.course.guards.check_step`)."""
+        guards.check_step(self, out, policy)
