@@ -60,12 +60,18 @@ class Part:
         return self.name.split(".", 1)[1]
 
 
+# Every part a lab's exercise writes, by lab. A method of the engine's core classes ("scheduler.*",
+# "block_manager.*") needs no `ref`: the engine builds the class through `EngineParts.subclass`. A plain function
+# names its reference in `ref` ("module:function"); the code that calls it takes the learner's version through
+# `EngineParts.function(name, reference)` or an explicit argument.
 PARTS: dict[str, Part] = {p.name: p for p in [
+    # lab 01: continuous batching
     Part("scheduler.schedule_continuous", "01", "(self) -> SchedulerOutput",
          "one step of continuous batching: retire, admit FCFS within slots/budget/KV, else decode everyone"),
     Part("engine.stop_reason", "01", "(req, token, eos_ids, max_model_len) -> str | None",
          "why a request ends after its newest token: 'stop' (end token), 'length' (max_tokens, max_model_len)",
          ref="lab_utils.engine.engine:stop_reason"),
+    # lab 02: the paged KV cache
     Part("block_manager.grow", "02", "(self, req, num_tokens) -> bool",
          "extend req.block_table to cover num_tokens tokens from the free pool; False (no change) if it cannot"),
     Part("block_manager.release", "02", "(self, block_id) -> None",
@@ -76,8 +82,10 @@ PARTS: dict[str, Part] = {p.name: p for p in [
          "recompute preemption: off the batch, blocks freed, progress reset, to the front of the queue"),
     Part("attention.slot_mapping", "02", "(block_tables, context_lens, query_lens, block_size) -> list[int]",
          "the cache slot of every token computed in this step, in step order", carry=False),
+    # lab 03: chunked prefill under a token budget
     Part("scheduler.schedule_token_budget", "03", "(self) -> SchedulerOutput",
          "vLLM V1's step: running requests first (decode or next chunk), then new prompts, within the budget"),
+    # lab 04: prefix caching
     Part("block_manager.hash_block", "04", "(self, parent_hash, token_ids) -> int",
          "a full block's name: a hash of its parent block's hash and its own token ids (a chain)"),
     Part("block_manager.commit_full_blocks", "04", "(self, req) -> None",
@@ -88,18 +96,43 @@ PARTS: dict[str, Part] = {p.name: p for p in [
          "a block nobody references: keep it in the LRU cache if it holds a named prefix, else free it"),
     Part("block_manager.evict", "04", "(self) -> int",
          "take the least recently used cached block with no reference out of the cache and return its id"),
-]}
-
-# Parts of later labs (quantized linears, the verify step, TP sharding, the KV hand-off, the server loop) are
-# registered the same way: a Part whose `ref` names the reference function ("module:function"); the code that
-# calls it takes the learner's version through `EngineParts.function(name, reference)` or an explicit argument.
-PARTS.update({p.name: p for p in [
+    # lab 05: quantization: INT8/INT4 weights, the FP8 KV cache
+    Part("quant.quantize_per_channel_int8", "05", "(w) -> (q, scale)",
+         "symmetric INT8, one scale per output row: q int8 [out, in] in -127..127, scale float32 [out, 1]",
+         ref="lab_utils.quant.linear:quantize_per_channel_int8"),
+    Part("quant.quantize_per_group_int4", "05", "(w, group_size) -> (q, scale)",
+         "symmetric INT4, one fp16 scale per group of inputs (rounded up), q int8 in -7..7, scale [out, groups]",
+         ref="lab_utils.quant.linear:quantize_per_group_int4"),
+    Part("quant.dequantize_int4", "05", "(q, scale, group_size) -> Tensor",
+         "INT4 back to the compute dtype: each group times its scale (runs in every forward of an Int4Linear)",
+         ref="lab_utils.quant.linear:dequantize_int4"),
+    Part("kv_cache.fp8_encode", "05", "(x) -> Tensor",
+         "K or V to FP8 E4M3 bytes: saturate at ±448, round to E4M3, the bit patterns as uint8",
+         ref="lab_utils.engine.kv_cache:fp8_encode"),
+    Part("kv_cache.fp8_decode", "05", "(bits, dtype) -> Tensor",
+         "FP8 E4M3 bytes back to values: sign, exponent (bias 7), mantissa, subnormals; in `dtype`",
+         ref="lab_utils.engine.kv_cache:fp8_decode"),
+    # lab 07: speculative decoding: the verify step
+    Part("spec.residual", "07", "(p, q) -> Tensor",
+         "where to draw after a rejection: max(0, p - q) normalised (p itself when p == q)",
+         ref="lab_utils.speculative.verify:residual"),
+    Part("spec.accept_reject", "07", "(p, q, draft, u) -> (n_accepted, dist)",
+         "keep guess i while u[i] < min(1, p_i(x)/q_i(x)); the residual at the first rejection, else p[k]",
+         ref="lab_utils.speculative.verify:accept_reject"),
+    Part("spec.verify_greedy", "07", "(logits, draft) -> list[int]",
+         "greedy verify: keep guesses while each is the target's argmax, then its argmax (correction or bonus)",
+         ref="lab_utils.speculative.verify:verify_greedy"),
+    Part("spec.rollback", "07", "(req, block_manager, num_guesses, num_accepted) -> None",
+         "after a verify: take the guesses out of the request, uncount the rejected ones, free their blocks",
+         ref="lab_utils.speculative.hook:rollback"),
+    # lab 09: tensor parallelism
     Part("tensor_parallel.shard_weights", "09", "(w, rank, world_size, heads_per_kv, head_dim) -> dict",
          "this rank's slice of a layer: q/k/v, gate/up by rows (column-parallel), o, down by columns (row-parallel)",
          ref="lab_utils.parallel.tensor_parallel:shard_weights"),
     Part("tensor_parallel.row_parallel", "09", "(x, weight, all_reduce) -> Tensor",
          "a row-parallel linear: this rank's partial product, summed over the ranks by the all-reduce",
          ref="lab_utils.parallel.tensor_parallel:row_parallel"),
+    # lab 10: prefill/decode disaggregation: the KV hand-off
     Part("disagg.export_kv", "10", "(cache, block_table, num_tokens, block_size) -> dict",
          "prefill side: every cache tensor's entries of the first num_tokens tokens, gathered in token order",
          ref="lab_utils.disagg.workers:export_kv"),
@@ -112,10 +145,11 @@ PARTS.update({p.name: p for p in [
     Part("disagg.resume_prefilled", "10", "(req, first_token, kv) -> None",
          "decode side: a fresh request becomes the prefilled one (first token, prompt computed, swapped-in KV)",
          ref="lab_utils.disagg.workers:resume_prefilled"),
+    # lab 12: the server's streaming loop
     Part("server.stream_sse", "12", "(outputs, to_chunk, abort) -> AsyncIterator[str]",
          "the server's streaming loop: one SSE event per engine output, then [DONE]; abort() if the client left",
          ref="lab_utils.server.streaming:stream_sse"),
-]})
+]}
 
 
 def check_signature(name: str, fn: Callable) -> None:
@@ -219,37 +253,3 @@ class EngineParts:
         return f"EngineParts({sorted(self.overrides)})"
 
 
-REFERENCE = EngineParts()
-
-
-# Lab 05 (quantized linears, the FP8 KV cache) and lab 07 (the verify step and its rollback): plain functions the
-# engine calls through `EngineParts.function` (`quantize_model`, `KVCache`, `SpecDecoder`).
-PARTS.update({p.name: p for p in [
-    Part("quant.quantize_per_channel_int8", "05", "(w) -> (q, scale)",
-         "symmetric INT8, one scale per output row: q int8 [out, in] in -127..127, scale float32 [out, 1]",
-         ref="lab_utils.quant.linear:quantize_per_channel_int8"),
-    Part("quant.quantize_per_group_int4", "05", "(w, group_size) -> (q, scale)",
-         "symmetric INT4, one fp16 scale per group of inputs (rounded up), q int8 in -7..7, scale [out, groups]",
-         ref="lab_utils.quant.linear:quantize_per_group_int4"),
-    Part("quant.dequantize_int4", "05", "(q, scale, group_size) -> Tensor",
-         "INT4 back to the compute dtype: each group times its scale (runs in every forward of an Int4Linear)",
-         ref="lab_utils.quant.linear:dequantize_int4"),
-    Part("kv_cache.fp8_encode", "05", "(x) -> Tensor",
-         "K or V to FP8 E4M3 bytes: saturate at ±448, round to E4M3, the bit patterns as uint8",
-         ref="lab_utils.engine.kv_cache:fp8_encode"),
-    Part("kv_cache.fp8_decode", "05", "(bits, dtype) -> Tensor",
-         "FP8 E4M3 bytes back to values: sign, exponent (bias 7), mantissa, subnormals; in `dtype`",
-         ref="lab_utils.engine.kv_cache:fp8_decode"),
-    Part("spec.residual", "07", "(p, q) -> Tensor",
-         "where to draw after a rejection: max(0, p - q) normalised (p itself when p == q)",
-         ref="lab_utils.speculative.verify:residual"),
-    Part("spec.accept_reject", "07", "(p, q, draft, u) -> (n_accepted, dist)",
-         "keep guess i while u[i] < min(1, p_i(x)/q_i(x)); the residual at the first rejection, else p[k]",
-         ref="lab_utils.speculative.verify:accept_reject"),
-    Part("spec.verify_greedy", "07", "(logits, draft) -> list[int]",
-         "greedy verify: keep guesses while each is the target's argmax, then its argmax (correction or bonus)",
-         ref="lab_utils.speculative.verify:verify_greedy"),
-    Part("spec.rollback", "07", "(req, block_manager, num_guesses, num_accepted) -> None",
-         "after a verify: take the guesses out of the request, uncount the rejected ones, free their blocks",
-         ref="lab_utils.speculative.hook:rollback"),
-]})
