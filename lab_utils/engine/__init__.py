@@ -1,5 +1,6 @@
 """The serving engine, read top to bottom: LLMEngine.step() -> Scheduler.schedule() (uses BlockManager)
--> ModelRunner.run() -> Sampler -> outputs with per-token timestamps.
+-> step hooks plan -> ModelRunner.run() -> hooks mask -> sampler (or a verify hook) -> outputs with
+per-token timestamps.
 
 The teaching core, one idea a file:
 - `request.py` (a request's state), `sampling_params.py`, `config.py` (EngineConfig, vLLM's names);
@@ -11,8 +12,11 @@ The teaching core, one idea a file:
 - `attention.py` (paged attention and the slot mapping), `model_runner.py` (a step as one forward pass),
   `sampler.py` (sampling and the logit processors), `logprobs.py` (token and prompt logprobs), `engine.py`
   (LLMEngine);
-- `parts.py`: the seam through which the labs' exercises replace named parts of the above;
-- `structured*.py`: grammar-constrained decoding (lab 13); `memory.py`: KV accounting for the labs' figures.
+- `hooks.py` (`StepHook`: how a feature joins every step without the step naming it), `features.py` (the
+  hooks an engine's config asks for: speculative decoding, `lab_utils.speculative`; structured output,
+  `lab_utils.structured`);
+- `replaceable.py`: the seam through which the labs' exercises replace named parts of the above;
+- `memory.py`: KV accounting for the labs' figures.
 Everything that only makes the same steps faster (CPU kernels, packed and fused linears, FlexAttention, CUDA
 graphs) lives in `accel/`, behind one import.
 """
