@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Callable
 
 import torch
 
-from lab_utils.course.parts import LearnerPartError
+from lab_utils.engine.replaceable import LearnerPartError
 from lab_utils.engine.request import Status
 
 if TYPE_CHECKING:

@@ -217,12 +217,14 @@ class EngineParts:
         return EngineParts(keep, {n: o for n, o in self.origins.items() if n in keep})
 
     def subclass(self, base: type, component: str) -> type:
-        """`base` itself, or a subclass of it whose methods are the learner's parts for `component`."""
+        """`base` itself, or a subclass of it whose methods are the learner's parts for `component`. With any
+        learner part in the engine the class also runs its guards (`guarded`: e.g. the scheduler checks every
+        step a policy returns, since a learner's allocator can break what a reference policy relies on)."""
         methods = {PARTS[n].attr: _guarded(n, fn, self.calls) for n, fn in self.overrides.items()
                    if PARTS[n].component == component}
-        if not methods:
+        if not self.overrides:
             return base
-        return type(f"Learner{base.__name__}", (base,), methods)
+        return type(f"{'Learner' if methods else 'Guarded'}{base.__name__}", (base,), {"guarded": True, **methods})
 
     def function(self, name: str, reference: Callable) -> Callable:
         fn = self.overrides.get(name)

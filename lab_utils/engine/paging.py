@@ -86,7 +86,7 @@ class BlockPool:
         """A block for new tokens: a free one, else the least recently used cached one. Its ref count is 1."""
         bid = self.free_ids.pop() if self.free_ids else self.evict()
         if self.blocks[bid].ref_count != 0:
-            from lab_utils.course.parts import LearnerPartError
+            from lab_utils.engine.replaceable import LearnerPartError
 
             raise LearnerPartError(f"block {bid} was handed out while {self.blocks[bid].ref_count} reference(s) "
                                    f"still use it: only blocks with ref_count 0 may be reused or evicted")

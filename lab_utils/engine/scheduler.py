@@ -11,7 +11,7 @@
 When blocks run out, the newest running request is preempted (recompute: drop its KV; swap: copy it to host).
 
 The methods a learner rewrites (`schedule_continuous`, `make_room`, `preempt`, `schedule_token_budget`) are the
-parts named in `lab_utils.course.parts`; `schedule()` checks whatever a policy returns before the engine runs it
+parts named in `lab_utils.course.parts`; with a learner part in the engine, `schedule()` checks whatever a policy returns before the engine runs it
 (`lab_utils.course.guards`), so a wrong policy fails with a message that names the mistake, not deep inside the
 model.
 """
@@ -20,8 +20,7 @@ from __future__ import annotations
 from collections import deque
 from typing import Callable
 
-from lab_utils.course import guards
-from lab_utils.course.parts import LearnerPartError
+from lab_utils.engine.replaceable import LearnerPartError
 from lab_utils.engine.block_manager import BlockManager
 from lab_utils.engine.config import EngineConfig
 from lab_utils.engine.request import Request, Status
@@ -30,6 +29,10 @@ from lab_utils.engine.scheduling.output import SchedulerOutput
 
 
 class Scheduler:
+    # True when learner parts run in this engine: every step a policy returns is checked before the model runs it
+    # (`lab_utils.course.guards`); the course's `EngineParts.subclass` sets it
+    guarded = False
+
     def __init__(self, config: EngineConfig, block_manager: BlockManager,
                  swap_out: Callable[[Request], None] | None = None,
                  swap_in: Callable[[Request], None] | None = None) -> None:
@@ -58,9 +61,12 @@ class Scheduler:
         policy = {"static": self.schedule_static, "continuous": self.schedule_continuous,
                   "token_budget": self.schedule_token_budget}[self.config.scheduler]
         out = policy()
-        who = guards.policy_name(policy)
-        guards.check_retired(self, who)
-        self._check(out, who)
+        if self.guarded:
+            from lab_utils.course import guards
+
+            who = guards.policy_name(policy)
+            guards.check_retired(self, who)
+            self._check(out, who)
         return out
 
     # the policies, one module each (lab_utils/engine/scheduling/)
@@ -168,4 +174,6 @@ class Scheduler:
     # -- the guard between a policy and the engine -------------------------------------------------
     def _check(self, out: SchedulerOutput, policy: str) -> None:
         """Everything the model runner relies on (`lab_utils.course.guards.check_step`)."""
+        from lab_utils.course import guards
+
         guards.check_step(self, out, policy)

@@ -194,7 +194,7 @@ class SpecDecoder(StepHook):
             toks = verify_sampling(target_probs(logits, req.params), guesses, prop.probs, req.generator, self.walk)
         accepted = len(toks) - 1
         if not 0 <= accepted <= len(guesses) or toks[:accepted] != list(guesses[:accepted]):
-            from lab_utils.course.parts import LearnerPartError
+            from lab_utils.engine.replaceable import LearnerPartError
 
             raise LearnerPartError(f"the verify step returned {toks} for the guesses {list(guesses)}: the kept guesses "
                                    f"(0..{len(guesses)} of them, in order) and then one token")
