@@ -56,9 +56,14 @@ class ModelSpec:
 
     @property
     def kv_bytes_per_token(self) -> int:
-        """K and V, every layer: 2 · layers · kv_heads · head_dim · bytes."""
-        b = self.kv_dtype_bytes or self.dtype_bytes
-        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * b
+        """K and V, every layer: 2 · layers · kv_heads · head_dim · bytes (the engine's count, `paging.py`; one
+        byte a value is FP8, which has no scales)."""
+        import torch
+
+        from lab_utils.engine.paging import bytes_per_token
+
+        store = {4: torch.float32, 2: torch.float16, 1: torch.float8_e4m3fn}[self.kv_dtype_bytes or self.dtype_bytes]
+        return bytes_per_token(self.num_layers, self.num_kv_heads, self.head_dim, store)
 
     @classmethod
     def from_config(cls, name: str, cfg, dtype_bytes: int = 2) -> ModelSpec:
