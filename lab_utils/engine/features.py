@@ -24,9 +24,10 @@ def build_hooks(engine) -> Hooks:
     if engine.config.speculative is not None:
         from lab_utils.speculative.hook import SpecDecoder
 
+        # the runner's model (its packed lm head on a CPU); lab 07's parts; the draft follows the CPU switches
         engine.spec = SpecDecoder(engine.config.speculative, engine.runner.model, engine.device,
                                   engine.block_manager, engine.max_model_len, engine.kv_cache,
-                                  parts=engine.parts)  # the runner's model: packed lm head on CPU; lab 07's parts
+                                  parts=engine.parts, engine_config=engine.config)
         hooks.append(engine.spec)
     # grammar masks for the requests that ask for them (xgrammar loads on first use)
     engine.structured = StructuredOutputs(engine.tokenizer, engine.model.config.vocab_size, engine.eos_ids)

@@ -11,9 +11,10 @@ __all__ = ["Proposal", "Proposer", "make_proposer"]
 _HEADS = {"medusa": ("lab_utils.speculative.medusa", "MedusaProposer"), "eagle": ("lab_utils.speculative.eagle", "EagleProposer")}
 
 
-def make_proposer(spec_config, target_model, device, parts=None) -> Proposer:
+def make_proposer(spec_config, target_model, device, parts=None, engine_config=None) -> Proposer:
     """The proposer for `spec_config.method` ("draft" | "ngram" | "medusa" | "eagle"). `parts`: the engine's
-    (`EngineParts`); a quantized draft is built with its lab-05 quantizers."""
+    (`EngineParts`); a quantized draft is built with its lab-05 quantizers. `engine_config`: the engine's (a draft
+    model follows its CPU switches)."""
     method = spec_config.method
     if method == "ngram":
         from lab_utils.speculative.ngram import NgramProposer
@@ -22,7 +23,7 @@ def make_proposer(spec_config, target_model, device, parts=None) -> Proposer:
     if method == "draft":
         from lab_utils.speculative.draft import DraftModelProposer
 
-        return DraftModelProposer(spec_config, target_model, device, parts=parts)
+        return DraftModelProposer(spec_config, target_model, device, parts=parts, engine_config=engine_config)
     if method in _HEADS:
         module, cls = _HEADS[method]
         return getattr(importlib.import_module(module), cls)(spec_config, target_model, device)

@@ -57,9 +57,10 @@ def _common_prefix(a: list[int], b: list[int]) -> int:
 
 class DraftModelProposer(Proposer):
     def __init__(self, spec_config, target_model=None, device: torch.device | str = "cpu", draft_model=None,
-                 parts=None) -> None:
+                 parts=None, engine_config=None) -> None:
         """`parts`: the engine's `EngineParts`; a draft quantized here (`spec_config.quantization`) uses its
-        lab-05 quantizers (the learner's where written), as the engine's own quantized weights do."""
+        lab-05 quantizers (the learner's where written), as the engine's own quantized weights do.
+        `engine_config`: the engine's, whose CPU switches the draft's fast paths follow (None: their defaults)."""
         if draft_model is None:
             from lab_utils.models.loader import load_model
             from lab_utils.models.registry import data_models
@@ -87,7 +88,7 @@ class DraftModelProposer(Proposer):
         self.num_adopted_tokens = 0  # tokens whose K/V were copied from the target instead of computed
         from lab_utils.engine.accel import fast_linears
 
-        self.model = fast_linears(draft_model.eval(), draft_model.device)  # packed view on a CPU (engine's GEMM)
+        self.model = fast_linears(draft_model.eval(), draft_model.device, engine_config)  # packed view on a CPU (engine's GEMM)
         if target_model is not None and draft_model.config.vocab_size != target_model.config.vocab_size:
             raise ValueError(f"draft vocab_size={draft_model.config.vocab_size} differs from the target's "
                              f"{target_model.config.vocab_size}: the draft must share the target's tokenizer")

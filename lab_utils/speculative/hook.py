@@ -87,9 +87,10 @@ class SpecDecoder(StepHook):
     """The engine's speculative-decoding hook: `plan` adds guesses to decodes, `pick` verifies them."""
 
     def __init__(self, spec_config, model, device, block_manager, max_model_len: int, kv_cache=None,
-                 parts=None) -> None:
+                 parts=None, engine_config=None) -> None:
         self.config, self.k = spec_config, spec_config.num_speculative_tokens
-        self.proposer = make_proposer(spec_config, model, device, parts=parts)  # a self-draft: lab 05's parts
+        # a self-draft: lab 05's parts; a draft model: the engine's CPU switches
+        self.proposer = make_proposer(spec_config, model, device, parts=parts, engine_config=engine_config)
         self.bm, self.max_model_len, self.kv_cache = block_manager, max_model_len, kv_cache
         self.stats = SpecStats(self.k)
         self.hidden: dict[str, torch.Tensor] = {}  # per request: rows promised by the `hidden` contract (base.py)

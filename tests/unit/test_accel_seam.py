@@ -79,3 +79,16 @@ def test_attention_backends_hand_each_step_its_callable():
         assert type(attention("flex", 10)) is FlexPagedAttention
     with pytest.raises(ValueError, match="attention backend 'triton' is invalid"):
         attention("triton", 1)
+
+
+@needs_onednn
+def test_draft_model_follows_the_engines_switches():
+    """A draft model's fast paths follow the engine's config, not only the environment."""
+    from lab_utils.engine.config import SpecConfig
+
+    model = load_model("tiny-random", device="cpu", dtype=torch.float32)
+    spec = SpecConfig("draft", 2, model="tiny-random")
+    on = LLMEngine(model, EngineConfig(cpu_packed_linear=True, cpu_fused_layers=True, speculative=spec), device="cpu")
+    off = LLMEngine(model, EngineConfig(cpu_packed_linear=False, speculative=spec), device="cpu")
+    assert isinstance(on.spec.proposer.model, FusedLlamaForCausalLM)
+    assert isinstance(off.spec.proposer.model, LlamaForCausalLM)
