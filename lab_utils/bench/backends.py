@@ -41,6 +41,7 @@ class RequestResult:
     finish_reason: str | None = None
     first_scheduled_time: float | None = None
     preemptions: int = 0
+    num_cached_tokens: int = 0  # prompt tokens served from the prefix cache (where the backend reports it)
     error: str | None = None
 
 

@@ -151,6 +151,7 @@ class VLLMBackend(Backend):
                         r.finish_reason = out.outputs[0].finish_reason or "length"
                         stats = getattr(out, "metrics", None)
                         r.preemptions = int(getattr(stats, "num_preemptions", 0) or 0)
+                        r.num_cached_tokens = int(getattr(out, "num_cached_tokens", 0) or 0)
                         if r.finish_reason not in ("stop", "length"):
                             r.error = r.finish_reason
             elif i < len(pending):

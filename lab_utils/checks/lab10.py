@@ -386,11 +386,13 @@ def claims(r: dict) -> list[Claim]:
 
     The first three are measurements (two real processes, the bytes that crossed the pipe, the simulator against
     the real engine); the goodput and throughput figures come from the simulator at datasheet A100 numbers and are
-    labelled checks of the model."""
+    labelled checks of the model. The simulator's error is judged against how far the two held-out runs lie apart
+    (`cal_spread_*`): where the measurement disagrees with itself by more than the bound, it is not judged."""
     from lab_utils.checks.claims import need
+    from lab_utils.checks.timing import judge_error
 
     need(r, "same_tokens", "kv_audit", "handoff_ran", "n_prompts", "kv_ratio", "kv_bytes_per_token", "cal_err_ttft",
-         "cal_err_tpot", "cal_bound", "goodput", "top_rate", "best_pd", "thr_pd_best", "thr_colo")
+         "cal_err_tpot", "cal_spread_ttft", "cal_spread_tpot", "cal_bound", "goodput", "top_rate", "best_pd", "thr_pd_best", "thr_colo")
     gp, best, top = r["goodput"], r["best_pd"], r["top_rate"]
     nochunk, chunk = gp["colocated (no chunking)"], gp["colocated (chunked prefill)"]
 
@@ -399,7 +401,6 @@ def claims(r: dict) -> list[Claim]:
 
     audit = r["kv_audit"]
     gain_nochunk, gain_chunk = gp[best] / max(nochunk, 1e-9), gp[best] / max(chunk, 1e-9)
-    worst_cal = max(r["cal_err_ttft"], r["cal_err_tpot"])
     ran = r["handoff_ran"]
     return [
         ("measured: the prefill worker exported with your export_kv and request_meta, the decode worker admitted "
@@ -414,9 +415,13 @@ def claims(r: dict) -> list[Claim]:
          and audit["blocks"] > 0),
         (f"measured: the KV bytes that crossed the pipe = prompt tokens x {r['kv_bytes_per_token']:,} B (+ headers; "
          f"ratio {r['kv_ratio']:.3f}, allowed 0.99-1.2)", 0.99 <= r["kv_ratio"] < 1.2),
-        (f"measured: the simulator replays this engine on a held-out workload within {r['cal_bound']:.0%} (TTFT "
-         f"error {r['cal_err_ttft']:.1%}, TPOT {r['cal_err_tpot']:.1%}): its scheduling and overheads, not an "
-         "A100's roofline", worst_cal <= r["cal_bound"]),
+        judge_error(f"measured: the simulator replays this engine on a held-out workload within {r['cal_bound']:.0%} "
+                    f"(TTFT error {r['cal_err_ttft']:.1%}, TPOT {r['cal_err_tpot']:.1%}; the two held-out runs lie "
+                    f"{r['cal_spread_ttft']:.0%} and {r['cal_spread_tpot']:.0%} apart): its scheduling and "
+                    "overheads, not an A100's roofline",
+                    {"TTFT": r["cal_err_ttft"], "TPOT": r["cal_err_tpot"]},
+                    {"TTFT": r["cal_spread_ttft"], "TPOT": r["cal_spread_tpot"]}, r["cal_bound"],
+                    "rerun the calibration cell when the machine is quieter"),
         (f"check of the model (simulated A100s): {best} serves {gain_nochunk:.2f}x the goodput per GPU of "
          f"colocated serving without chunked prefill (DistServe's shape; both below the highest rate simulated)",
          gp[best] > nochunk and bracketed(best, "colocated (no chunking)")),

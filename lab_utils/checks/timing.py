@@ -83,3 +83,23 @@ def judge(text: str, rounds: Sequence[float], bar: float, rerun: str, strict: bo
                else f"the rounds straddle the bar of {bar:g}x and disagree by more than {max_spread:g}x")
         text += f" -- NOT JUDGED: {why}, so this machine was too busy to tell; {rerun}"
     return text, ok
+
+
+def judge_error(text: str, errors: Mapping[str, float], spreads: Mapping[str, float], bound: float,
+                rerun: str) -> tuple[str, bool | None]:
+    """A prediction checked against a measurement repeated in the same run: (text, verdict).
+
+    `errors[name]` = |predicted - measured| / measured, `spreads[name]` = how far the measurement's own repeats
+    lie apart, relative to their mean. An error within `bound` holds; an error beyond it fails, unless the
+    repeats themselves disagree by more than `bound`: then the measurement cannot resolve the bound, and the
+    verdict is None ("not judged") with the spread in the text and how to rerun."""
+    per = {}
+    for name, err in errors.items():
+        spread = spreads.get(name, 0.0)
+        per[name] = True if err <= bound else (None if spread > bound else False)
+    ok = False if False in per.values() else None if None in per.values() else True
+    if ok is None:
+        wide = ", ".join(f"{n} {spreads[n]:.0%}" for n, v in per.items() if v is None)
+        text += (f" -- NOT JUDGED: the measurement's own repeats lie further apart than the {bound:.0%} bound "
+                 f"({wide}), so this machine was too busy to tell; {rerun}")
+    return text, ok

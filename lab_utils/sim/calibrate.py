@@ -141,11 +141,22 @@ def compare(real_requests, sim_result) -> dict:
     return out
 
 
+def repeat_spread(repeats: list[list]) -> dict:
+    """How far repeated runs of one workload lie apart: (max - min) / mean of their mean TTFT and mean TPOT.
+    A prediction cannot be judged more finely than the measurement agrees with itself."""
+    out = {}
+    for k in ("mean_ttft_ms", "mean_tpot_ms"):
+        xs = [metrics.summarize(reqs)[k] for reqs in repeats]
+        mean = sum(xs) / len(xs)
+        out[f"spread_{k[5:-3]}"] = (max(xs) - min(xs)) / mean if mean else math.nan
+    return out
+
+
 @dataclass
 class Calibration:
     hardware: Hardware
     fit: dict  # fitted numbers and the per-step fit error
-    comparison: dict  # held-out: measured vs simulated TTFT/TPOT and their relative errors
+    comparison: dict  # held-out: measured vs simulated TTFT/TPOT, their relative errors, the repeats' spread
     sim_result: object
     real_requests: list
 
@@ -153,7 +164,8 @@ class Calibration:
 def calibrate(backend, model: ModelSpec, fit_workload, held_workload) -> Calibration:
     """Fit on `fit_workload`, check on `held_workload`, run in the order fit, held, held, fit (ABBA): on a
     machine whose load drifts, the fit sees the same average conditions as the check. The two held-out runs
-    are pooled (every request counted twice) for the measured side."""
+    are pooled (every request counted twice) for the measured side; how far apart they lie is `spread_ttft` and
+    `spread_tpot` in the comparison."""
     runs = {"fit": [], "held": []}
     for which in ("fit", "held", "held", "fit"):
         wl = fit_workload if which == "fit" else held_workload
@@ -167,4 +179,6 @@ def calibrate(backend, model: ModelSpec, fit_workload, held_workload) -> Calibra
     eng = backend.engine
     sim = simulate_like(runs["held"][0], held_workload, eng.config, model, hw, eng.num_blocks)
     real = [q for r in runs["held"] for q in r.requests]
-    return Calibration(hw, fit, compare(real, sim), sim, real)
+    comparison = compare(real, sim)
+    comparison.update(repeat_spread([r.requests for r in runs["held"]]))
+    return Calibration(hw, fit, comparison, sim, real)

@@ -98,3 +98,47 @@ def test_the_sweep_claim_fails_when_batching_does_not_pay(sweep):
     r["sweep"] = sweep
     with pytest.raises(AssertionError, match="your sweep ran the lab engine"):
         lab08.assert_claims(r, show=False)
+
+
+def with_rounds(r, engine, config, workload, metric, values):
+    """Copies of the (engine, config, workload) row and of its partner rows for rounds 1.. of an interleaved run;
+    the named row's `metric` takes `values` (one a round, round 0 first)."""
+    r = copy.deepcopy(r)
+    for k in range(1, len(values)):
+        r["rows"] += [dict(x, round=k) for x in r["rows"] if x.get("round", 0) == 0 and x["engine"] == engine]
+    for x in r["rows"]:
+        if (x["engine"], x["config"], x["workload"]) == (engine, config, workload):
+            x[metric] = values[x.get("round", 0)]
+    return r
+
+
+@pytest.mark.parametrize("config, workload, metric, values, message", [
+    ("max_num_seqs=1", "main", "out_tok_per_s", [12.0, 36.0, 14.0], "max_num_seqs=8 gives"),   # 3.3x, 1.1x, 2.9x
+    ("tight KV", "main", "out_tok_per_s", [25.0, 39.0, 20.0], "roomy KV pool"),
+    ("no prefix caching", "prefix", "median_ttft_ms", [900.0, 320.0, 800.0], "prefix caching cuts"),
+    (f"max_num_batched_tokens={BUDGET}", "long", "max_itl_ms", [400.0, 1400.0, 300.0], "worst inter-token gap"),
+])
+def test_a_timing_claim_whose_rounds_disagree_is_not_judged_and_does_not_fail(config, workload, metric, values,
+                                                                              message, capsys):
+    lab08.assert_claims(with_rounds(good(), "lab", config, workload, metric, values))
+    line = next(ln for ln in capsys.readouterr().out.splitlines() if message in ln and ln.startswith("NOT JUDGED"))
+    assert "median of 3 rounds" in line and "ROUNDS" in line
+
+
+@pytest.mark.parametrize("config, workload, metric, values, message", [
+    ("max_num_seqs=1", "main", "out_tok_per_s", [36.0, 35.0, 38.0], "max_num_seqs=8 gives"),   # no round clears 1.5x
+    ("no prefix caching", "prefix", "median_ttft_ms", [320.0, 360.0, 330.0], "prefix caching cuts"),
+])
+def test_a_timing_claim_no_round_clears_fails(config, workload, metric, values, message):
+    with pytest.raises(AssertionError, match=message):
+        lab08.assert_claims(with_rounds(good(), "lab", config, workload, metric, values), show=False)
+
+
+def test_goodput_rounds_judged_by_ratio_and_zero_on_both_sides_says_nothing(capsys):
+    r = good()
+    r["goodput"][("lab", "base")], r["goodput"][("lab", "max_num_seqs=1")] = [0.0, 1.2, 0.2], [0.0, 0.3, 0.3]
+    lab08.assert_claims(r)  # round 0 (0 vs 0) dropped; 4x and 0.67x disagree: not judged, no false FAIL
+    assert "NOT JUDGED  lab: goodput under SLOs" in capsys.readouterr().out
+    r["goodput"][("lab", "base")] = [0.0, 0.25, 0.2]  # every informative round below one-at-a-time
+    with pytest.raises(AssertionError, match="goodput under SLOs"):
+        lab08.assert_claims(r, show=False)

@@ -15,7 +15,7 @@ def good() -> dict:
                 top_rate={name: 24.0 for name in gp},
                 handoff_ran={"prefill": ["disagg.export_kv", "disagg.request_meta"], "decode": ["disagg.import_kv", "disagg.resume_prefilled"]},
                 kv_ratio=1.002, kv_bytes_per_token=46080, cal_err_ttft=0.058,
-                cal_err_tpot=0.048, cal_bound=0.35, goodput=gp, best_pd="3P:1D", thr_pd_best=5635.0, thr_colo=6746.0)
+                cal_err_tpot=0.048, cal_spread_ttft=0.06, cal_spread_tpot=0.03, cal_bound=0.35, goodput=gp, best_pd="3P:1D", thr_pd_best=5635.0, thr_colo=6746.0)
 
 
 def test_a_good_run_passes(capsys):
@@ -44,7 +44,7 @@ def with_(key, value, sub=None):
     ("handoff_ran", "prefill", ["disagg.export_kv"], "your export_kv"),   # the header built by the reference
     ("kv_ratio", None, 2.0, "KV bytes that crossed the pipe"),     # whole blocks sent twice
     ("kv_ratio", None, 0.5, "KV bytes that crossed the pipe"),     # half the layers missing
-    ("cal_err_tpot", None, 0.6, "replays this engine"),
+    ("cal_err_tpot", None, 0.6, "replays this engine"),         # steady repeats, a prediction that is off
     ("goodput", "3P:1D", 7.0, "DistServe's shape"),
     ("thr_pd_best", None, 8000.0, "no throughput gain"),
     ("goodput", "colocated (chunked prefill)", 6.0, "against chunked prefill"),
@@ -52,3 +52,14 @@ def with_(key, value, sub=None):
 def test_each_claim_fails_on_a_wrong_result(key, sub, value, message):
     with pytest.raises(AssertionError, match=message):
         lab10.assert_claims(with_(key, value, sub), show=False)
+
+
+def test_the_calibration_is_not_judged_when_the_held_out_runs_disagree(capsys):
+    r = with_("cal_err_ttft", 0.6, None)
+    r["cal_spread_ttft"] = 0.8  # the two held-out runs' mean TTFT 80% apart: a busy machine, not a bad model
+    lab10.assert_claims(r)
+    out = capsys.readouterr().out
+    assert "NOT JUDGED  measured: the simulator replays" in out and "rerun the calibration cell" in out
+    r["cal_err_tpot"] = 0.6  # TPOT off while its repeats agree: a fail all the same
+    with pytest.raises(AssertionError, match="replays this engine"):
+        lab10.assert_claims(r, show=False)

@@ -6,7 +6,7 @@ import math
 import pytest
 
 from lab_utils.checks.claims import report
-from lab_utils.checks.timing import interleave, judge, ratios, verdict
+from lab_utils.checks.timing import interleave, judge, judge_error, ratios, verdict
 
 
 def test_interleave_alternates_the_sides():
@@ -44,3 +44,15 @@ def test_a_claim_not_judged_says_why_and_how_to_rerun_and_raises_nothing(capsys)
     assert "NOT JUDGED  A beats B" in capsys.readouterr().out
     with pytest.raises(AssertionError, match="1 of 2"):
         report([claim, ("a plain claim", False)], show=False)
+
+
+@pytest.mark.parametrize("errors, spreads, want", [
+    ({"TTFT": 0.10, "TPOT": 0.20}, {"TTFT": 0.90, "TPOT": 0.05}, True),    # within the bound: noise is no excuse
+    ({"TTFT": 0.60, "TPOT": 0.20}, {"TTFT": 0.05, "TPOT": 0.05}, False),   # repeats agree, the prediction is off
+    ({"TTFT": 0.60, "TPOT": 0.20}, {"TTFT": 0.80, "TPOT": 0.05}, None),    # repeats disagree beyond the bound
+    ({"TTFT": 0.60, "TPOT": 0.50}, {"TTFT": 0.80, "TPOT": 0.05}, False),   # one metric fails on steady repeats
+])
+def test_judge_error_says_not_judged_only_when_the_measurement_is_too_noisy(errors, spreads, want):
+    text, ok = judge_error("the model predicts the run", errors, spreads, 0.35, "rerun the calibration cell")
+    assert ok is want
+    assert ("NOT JUDGED" in text and "rerun the calibration cell" in text and "TTFT 80%" in text) == (want is None)
