@@ -7,6 +7,7 @@ it (`admit`: attach its cached prefix blocks), and grow or free a request's bloc
 """
 from __future__ import annotations
 
+from lab_utils.engine.host_tier import HostTier
 from lab_utils.engine.paging import BlockPool
 from lab_utils.engine.prefix_cache import HashChainPrefixCache
 from lab_utils.engine.request import Request, Status
@@ -14,9 +15,10 @@ from lab_utils.engine.request import Request, Status
 
 class BlockManager(HashChainPrefixCache, BlockPool):
     def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True,
-                 watermark: float = 0.01) -> None:
+                 watermark: float = 0.01, host_tier: HostTier | None = None) -> None:
         super().__init__(num_blocks, block_size)
         self.enable_prefix_caching = enable_prefix_caching
+        self.host_tier = host_tier  # evicted named blocks go there, and come back from there (None: gone)
         self.watermark_blocks = int(watermark * num_blocks)
         self.hash_to_block: dict[int, int] = {}  # a full block's name -> the block holding it
         # prefix-cache statistics, in prompt tokens

@@ -76,6 +76,9 @@ class EngineConfig:
     preemption_mode: str = "recompute"
     kv_layout: str = "paged"  # "contiguous": reserve max_model_len per sequence up front (the pre-vLLM way)
     watermark: float = 0.01  # share of blocks kept free when admitting, so running requests can grow
+    # host memory for the prefix cache's evicted blocks (vLLM's --kv-offloading-size, in bytes; host_tier.py):
+    # a returning prefix is copied back instead of recomputed. None or 0: off, an evicted block is gone
+    kv_offload_bytes: int | None = None
     enforce_eager: bool = False
     seed: int = 0
     # CPU fast paths (lab_utils.engine.accel): PyTorch's results to float32 round-off, on by default, off for A/B
@@ -104,6 +107,14 @@ class EngineConfig:
         need("preemption_mode", self.preemption_mode in PREEMPTION_MODES, f"one of {PREEMPTION_MODES}")
         need("kv_layout", self.kv_layout in KV_LAYOUTS, f"one of {KV_LAYOUTS}")
         need("watermark", 0.0 <= self.watermark < 0.5, "in [0, 0.5)")
+        need("kv_offload_bytes", self.kv_offload_bytes is None or (isinstance(self.kv_offload_bytes, int)
+                                                                    and self.kv_offload_bytes >= 0),
+             "None (off) or an int >= 0 (bytes of host memory; 0: off)")
+        if self.kv_offload_bytes and (not self.enable_prefix_caching or self.kv_layout == "contiguous"):
+            raise ValueError(f"EngineConfig.kv_offload_bytes={self.kv_offload_bytes} keeps the prefix cache's "
+                             f"evicted blocks, but the prefix cache is off (enable_prefix_caching="
+                             f"{self.enable_prefix_caching}, kv_layout={self.kv_layout!r}); turn it on or set "
+                             f"kv_offload_bytes=None")
         for name in CPU_SWITCH_ENV:
             need(name, isinstance(getattr(self, name), bool), "True or False")
         if self.max_num_batched_tokens < self.block_size:

@@ -19,6 +19,7 @@ from lab_utils.engine.block_manager import BlockManager
 from lab_utils.engine.config import EngineConfig
 from lab_utils.engine.features import STATS_WHEN_OFF, build_hooks
 from lab_utils.engine.hooks import StepBatch
+from lab_utils.engine.host_tier import STATS_WHEN_OFF as HOST_TIER_STATS_WHEN_OFF, HostTier
 from lab_utils.engine.accel import FastPaths, fast_linears, warmup_shapes
 from lab_utils.engine.kv_cache import KVCache, fp8_decode, fp8_encode, storage_dtype
 from lab_utils.engine.model_runner import ModelRunner
@@ -94,7 +95,8 @@ class LLMEngine:
                                 fp8_codec=(self.parts.function("kv_cache.fp8_encode", fp8_encode),
                                            self.parts.function("kv_cache.fp8_decode", fp8_decode)))  # lab 05
         self.block_manager = self.parts.subclass(BlockManager, "block_manager")(
-            self.num_blocks, self.block_size, config.enable_prefix_caching and not contiguous, config.watermark)
+            self.num_blocks, self.block_size, config.enable_prefix_caching and not contiguous, config.watermark,
+            self._host_tier())
         # the swap hooks hold the KV cache, not the engine: bound methods would make engine -> scheduler -> engine
         # a reference cycle, and an engine in a cycle (KV pool included) outlives `del engine` until a full gc
         self.scheduler = self.parts.subclass(Scheduler, "scheduler")(
@@ -117,6 +119,20 @@ class LLMEngine:
         # a long-running server turns this off: no step_log, and ended requests are forgotten once reported
         self.keep_history = True
         self.closed = False
+
+    def _host_tier(self) -> HostTier | None:
+        """The host-memory tier under the prefix cache (`config.kv_offload_bytes`), or None. It works inside the
+        engine's own `match_prefix` and `evict`, so a learner's version of either cannot run with it."""
+        if not self.config.kv_offload_bytes:
+            return None
+        learners = [n for n in ("block_manager.match_prefix", "block_manager.evict") if self.parts.is_learners(n)]
+        if learners:
+            raise ValueError(f"kv_offload_bytes (the host KV tier) runs inside the engine's own match_prefix and "
+                             f"evict; this engine runs the learner's {', '.join(learners)}: set kv_offload_bytes="
+                             f"None, or run without those parts")
+        # one block at a time, through the KV cache's swap copies (partials: no reference back to the engine)
+        return HostTier(self.config.kv_offload_bytes, functools.partial(copy_block_out, self.kv_cache),
+                        functools.partial(copy_block_in, self.kv_cache))
 
     # -- sizing -----------------------------------------------------------------------------------
     def _num_blocks(self) -> int:
@@ -457,6 +473,8 @@ class LLMEngine:
         holds the engine. A closed engine refuses new work with a clear error."""
         self.closed = True
         self.runner.graphs = None
+        if self.block_manager.host_tier is not None:
+            self.block_manager.host_tier.entries.clear()
         empty = torch.empty(0, device=self.device)
         for name in ("k", "v", "k_scale", "v_scale"):
             if hasattr(self.kv_cache, name):
@@ -521,6 +539,7 @@ class LLMEngine:
             "num_rejected": self.num_rejected,
             "num_steps": self.num_steps,
             **STATS_WHEN_OFF, **self.hooks.stats(),
+            **(bm.host_tier.stats() if bm.host_tier is not None else HOST_TIER_STATS_WHEN_OFF),
         }
 
 
@@ -532,3 +551,12 @@ def swap_out(kv_cache: KVCache, req: Request) -> None:
 def swap_in(kv_cache: KVCache, req: Request) -> None:
     kv_cache.copy_in(req.block_table, req.swapped_kv)
     req.swapped_kv = None
+
+
+def copy_block_out(kv_cache: KVCache, block_id: int) -> dict[str, torch.Tensor]:
+    """The host tier's copy of one block's K/V (every layer; an int8 cache's scales too)."""
+    return kv_cache.copy_out([block_id])
+
+
+def copy_block_in(kv_cache: KVCache, block_id: int, saved: dict[str, torch.Tensor]) -> None:
+    kv_cache.copy_in([block_id], saved)

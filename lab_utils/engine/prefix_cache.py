@@ -8,8 +8,9 @@ needs a fresh block.
 
 `PrefixCache` is what the block manager asks of a cache; `HashChainPrefixCache` is the engine's (vLLM's
 automatic prefix caching) and `NoPrefixCache` the one that caches nothing. They are mixins of the block
-manager: their state is the block manager's (`blocks`, `free_ids`, `evictable`, `hash_to_block`), which is also
-what a learner's `match_prefix(self, req)` reads and writes.
+manager: their state is the block manager's (`blocks`, `free_ids`, `evictable`, `hash_to_block`, and
+`host_tier`: None, or the host-memory tier under the cache, `host_tier.py`), which is also what a learner's
+`match_prefix(self, req)` reads and writes.
 """
 from __future__ import annotations
 
@@ -93,10 +94,34 @@ class HashChainPrefixCache(PrefixCache):
             ids = tuple(req.prompt_token_ids[i * self.block_size:(i + 1) * self.block_size])
             parent = self.hash_block(parent, ids)
             bid = self.hash_to_block.get(parent)
+            if bid is None:
+                bid = self.promote(parent, ids, hits)  # from the host tier, if it holds the block
             if bid is None or self.blocks[bid].token_ids != ids:  # a collision is a miss, never a wrong hit
                 break
             hits.append(bid)
         return hits
+
+    def promote(self, name: int, ids: tuple[int, ...], hits: list[int]) -> int | None:
+        """The device misses block `name` but the host tier holds it: copy it into a device block, named and
+        cached (unreferenced, newest in LRU order) as if it had never left; returns that block, or None (no
+        tier, the tier misses, or no device block to spare without evicting one of `hits`)."""
+        tier = getattr(self, "host_tier", None)
+        if tier is None or not tier.holds(name, ids):
+            return None
+        if not self.free_ids:  # the new block evicts a cached one: never one of this prefix's blocks
+            in_hits = [b for b in hits if b in self.evictable]
+            if len(self.evictable) <= len(in_hits):
+                return None
+            for b in in_hits:
+                self.evictable.move_to_end(b)
+        saved = tier.take(name, ids)  # before take_block: its eviction may offload, and the tier drop entries
+        bid = self.take_block()
+        tier.restore(bid, saved)
+        blk = self.blocks[bid]
+        blk.ref_count, blk.hash, blk.token_ids = 0, name, ids
+        self.hash_to_block[name] = bid
+        self.evictable[bid] = None
+        return bid
 
     def recycle(self, bid: int) -> None:
         """A block nobody references any more: keep it (LRU order) while it holds a named prefix, else free it."""
@@ -113,6 +138,8 @@ class HashChainPrefixCache(PrefixCache):
         blk = self.blocks[bid]
         if self.hash_to_block.get(blk.hash) == bid:
             del self.hash_to_block[blk.hash]
+            if getattr(self, "host_tier", None) is not None:  # its K/V is still intact: keep a host copy
+                self.host_tier.offload(bid, blk.hash, blk.token_ids)
         blk.hash, blk.token_ids = None, ()
         return bid
 

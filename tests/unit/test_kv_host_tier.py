@@ -1,0 +1,222 @@
+"""The host tier under the prefix cache (`EngineConfig.kv_offload_bytes`, `lab_utils.engine.host_tier`): a
+conversation whose prefix the small device pool evicted comes back and copies its blocks back instead of
+recomputing them, with the same greedy tokens; every block comes back, the tier stays within its bytes and
+drops its least recently used entry first."""
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from lab_utils import EngineConfig, LLMEngine, SamplingParams
+from lab_utils.engine.host_tier import HostTier, LRUPolicy
+
+BS = 8
+GREEDY = SamplingParams(max_tokens=6, ignore_eos=True)
+
+
+def _conversations() -> tuple[list[int], list[list[int]], list[int]]:
+    """Chat A's first turn, three other chats that push it out of the pool, and A's new user message."""
+    rng = random.Random(0)
+    tokens = lambda n: [rng.randrange(1, 200) for _ in range(n)]  # noqa: E731
+    return tokens(80), [tokens(80) for _ in range(3)], tokens(12)
+
+
+def _run(model, num_blocks: int, offload_bytes: int | None, kv_cache_dtype: str = "auto") -> dict:
+    """A's first turn, the others, then A's second turn (its first turn, A's reply, a new message), one at a time."""
+    first, others, message = _conversations()
+    eng = LLMEngine(model, EngineConfig(block_size=BS, num_gpu_blocks=num_blocks, max_num_batched_tokens=256,
+                                        kv_cache_dtype=kv_cache_dtype, kv_offload_bytes=offload_bytes), device="cpu")
+    outs = [eng.generate([p], GREEDY)[0] for p in [first, *others]]
+    again = first + outs[0].token_ids + message
+    logged = len(eng.step_log)
+    second = eng.generate([again], GREEDY)[0]
+    computed = sum(n for s in eng.step_log[logged:] for rid, n in s["requests"] if rid == second.request_id)
+    eng.block_manager.check_all_free()
+    return {"tokens": [o.token_ids for o in outs] + [second.token_ids], "cached": second.num_cached_tokens,
+            "computed": computed - len(second.token_ids) + 1,  # prefill positions: all but the decode steps
+            "prompt": len(again), "stats": eng.stats(), "engine": eng}
+
+
+@pytest.fixture(scope="module")
+def runs(tiny64) -> dict:
+    small = 26  # blocks: one chat's turn (11-14 blocks) fits, A's prefix does not survive three others
+    probe = LLMEngine(tiny64, EngineConfig(block_size=BS, num_gpu_blocks=small), device="cpu")
+    tier = 64 * probe.bytes_per_block
+    return {"off": _run(tiny64, small, None), "tier": _run(tiny64, small, tier), "big": _run(tiny64, 256, None),
+            "tier_bytes": tier}
+
+
+def test_returning_conversation_skips_its_prefill_with_the_tier(runs):
+    off, tier, big = runs["off"], runs["tier"], runs["big"]
+    # negative control: without the tier the small pool lost A's prefix, the big pool kept it
+    assert off["cached"] == 0 and off["computed"] == off["prompt"], off
+    assert big["cached"] >= 80, big
+    # the tier brings back what the big pool kept: at least A's first turn, and far fewer tokens to compute
+    assert tier["cached"] >= 80 and tier["computed"] <= tier["prompt"] // 4, (tier["cached"], tier["computed"])
+    assert tier["stats"]["host_tier_hits"] * BS >= 80 and tier["stats"]["host_tier_blocks_out"] > 0
+    assert tier["stats"]["host_tier_bytes_in"] == tier["stats"]["host_tier_hits"] * tier["engine"].bytes_per_block
+    assert off["stats"]["host_tier_hits"] == 0 and off["stats"]["host_tier_blocks_out"] == 0
+    # the same greedy tokens with the tier, without it, and with a pool that never evicts
+    assert tier["tokens"] == off["tokens"] == big["tokens"]
+    print(f"\nA's second turn ({tier['prompt']} prompt tokens): prefill computed {off['computed']} without the "
+          f"tier, {tier['computed']} with it ({tier['cached']} cached), {big['computed']} with a big pool")
+
+
+def test_every_block_comes_back_and_the_tier_stays_within_its_bytes(runs):
+    tier = runs["tier"]
+    bm = tier["engine"].block_manager
+    bm.check_all_free()  # (also checked after each run)
+    assert bm.host_tier.peak_bytes <= runs["tier_bytes"]
+    assert bm.host_tier.bytes_used == sum(e.nbytes for e in bm.host_tier.entries.values())
+    # every named block is in one place: the device cache or the host tier, never both
+    assert not set(bm.hash_to_block) & set(bm.host_tier.entries)
+
+
+def test_small_tier_drops_least_recently_offloaded_first(tiny64):
+    """A tier of 3 blocks: offloading 5 keeps the last 3; a hit leaves the tier; a collision is a miss."""
+    eng = LLMEngine(tiny64, EngineConfig(block_size=BS, num_gpu_blocks=8), device="cpu")
+    tier = HostTier(3 * eng.bytes_per_block, lambda b: eng.kv_cache.copy_out([b]), lambda b, s: None,
+                    policy=LRUPolicy())
+    for name in range(5):
+        tier.offload(name, name, (name,))
+        assert tier.bytes_used <= tier.capacity_bytes
+    assert list(tier.entries) == [2, 3, 4] and tier.dropped == 2
+    assert tier.take(3, (99,)) is None, "same name, other tokens: a miss"
+    assert tier.take(3, (3,)) is not None and 3 not in tier
+    tier.offload(5, 5, (5,))
+    tier.offload(6, 6, (6,))  # full again: 2 (the oldest) goes, 4 stays
+    assert list(tier.entries) == [4, 5, 6]
+    assert tier.stats()["host_tier_blocks_out"] == 7 and tier.stats()["host_tier_hits"] == 1
+
+
+def test_a_block_bigger_than_the_tier_is_not_kept(tiny64):
+    eng = LLMEngine(tiny64, EngineConfig(block_size=BS, num_gpu_blocks=4), device="cpu")
+    tier = HostTier(eng.bytes_per_block - 1, lambda b: eng.kv_cache.copy_out([b]), lambda b, s: None)
+    tier.offload(0, 0, (0,))
+    assert len(tier) == 0 and tier.bytes_used == 0
+
+
+@pytest.mark.parametrize("kv_cache_dtype", ["int8", "fp8"])
+def test_quantized_kv_caches_come_back_bit_for_bit(tiny64, kv_cache_dtype):
+    """int8 (values and scales) and fp8 blocks go to the host tier and back: the same tokens as without it."""
+    small = 26
+    probe = LLMEngine(tiny64, EngineConfig(block_size=BS, num_gpu_blocks=small, kv_cache_dtype=kv_cache_dtype),
+                      device="cpu")
+    off = _run(tiny64, small, None, kv_cache_dtype)
+    tier = _run(tiny64, small, 64 * probe.bytes_per_block, kv_cache_dtype)
+    assert off["cached"] == 0 and tier["cached"] >= 80
+    assert tier["tokens"] == off["tokens"]
+    if kv_cache_dtype == "int8":  # the scales travel too: an entry is values and scales
+        entry = next(iter(tier["engine"].block_manager.host_tier.entries.values()), None)
+        assert entry is None or {"k_scale", "v_scale"} <= set(entry.saved)
+    assert tier["stats"]["host_tier_bytes_out"] % probe.bytes_per_block == 0
+
+
+def test_copy_out_and_in_restore_a_block_exactly(tiny64):
+    eng = LLMEngine(tiny64, EngineConfig(block_size=BS, num_gpu_blocks=4, kv_cache_dtype="int8"), device="cpu")
+    kv = eng.kv_cache
+    for t in (kv.k, kv.v, kv.k_scale, kv.v_scale):
+        t.copy_(torch.randint(-100, 100, t.shape).to(t.dtype))
+    before = {n: getattr(kv, n).clone() for n in ("k", "v", "k_scale", "v_scale")}
+    tier = HostTier(1 << 20, lambda b: kv.copy_out([b]), lambda b, s: kv.copy_in([b], s))
+    tier.offload(1, "x", (1,))
+    for n in before:
+        getattr(kv, n)[:, BS:2 * BS].zero_()
+    tier.restore(2, tier.take("x", (1,)))  # into another block
+    for n, t in before.items():
+        assert torch.equal(getattr(kv, n)[:, 2 * BS:3 * BS], t[:, BS:2 * BS]), n
+
+
+def test_config_refuses_a_negative_size():
+    with pytest.raises(ValueError, match=r"kv_offload_bytes=-1 is invalid: must be None \(off\) or an int >= 0"):
+        EngineConfig(kv_offload_bytes=-1)
+    with pytest.raises(ValueError, match="prefix cache is off"):
+        EngineConfig(kv_offload_bytes=1 << 20, enable_prefix_caching=False)
+    assert EngineConfig(kv_offload_bytes=0).kv_offload_bytes == 0  # 0: off, as None
+
+
+def test_cli_flag_is_in_gib_as_vllm():
+    import argparse
+
+    from lab_utils.engine.cli import add_engine_args, engine_config_from_args
+
+    parser = argparse.ArgumentParser()
+    add_engine_args(parser)
+    assert engine_config_from_args(parser.parse_args(["--kv-offloading-size", "0.5"])).kv_offload_bytes == 1 << 29
+    assert engine_config_from_args(parser.parse_args([])).kv_offload_bytes is None
+
+
+def test_learner_prefix_cache_parts_are_refused_with_the_tier(tiny64):
+    from lab_utils.course.parts import EngineParts
+    from lab_utils.engine.block_manager import BlockManager
+
+    def match_prefix(self, req):
+        return BlockManager.match_prefix(self, req)
+
+    parts = EngineParts({"block_manager.match_prefix": match_prefix})
+    with pytest.raises(ValueError, match="learner's block_manager.match_prefix"):
+        LLMEngine(tiny64, EngineConfig(block_size=BS, num_gpu_blocks=8, kv_offload_bytes=1 << 20), device="cpu",
+                  parts=parts)
+    LLMEngine(tiny64, EngineConfig(block_size=BS, num_gpu_blocks=8), device="cpu", parts=parts)  # tier off: runs
+
+
+@pytest.mark.parametrize("preemption_mode", ["recompute", "swap"])
+def test_concurrent_shared_prefixes_in_a_tiny_pool(tiny64, preemption_mode):
+    """Four at a time over a pool that preempts and evicts all the time, prompts sharing prefixes of several
+    lengths, in two waves (the second returns to the first's prefixes): with the tier the same greedy tokens as
+    without it, blocks found in the tier, every block back, the tier within its bytes."""
+    rng = random.Random(1)
+    heads = [[rng.randrange(1, 200) for _ in range(rng.choice([16, 24, 40]))] for _ in range(4)]
+    prompts = [rng.choice(heads) + [rng.randrange(1, 200) for _ in range(rng.randrange(1, 12))] for _ in range(16)]
+    params = SamplingParams(max_tokens=8, ignore_eos=True)
+
+    def run(offload_bytes):
+        eng = LLMEngine(tiny64, EngineConfig(block_size=4, num_gpu_blocks=40, max_num_seqs=4,
+                                             max_num_batched_tokens=32, preemption_mode=preemption_mode,
+                                             kv_offload_bytes=offload_bytes), device="cpu")
+        out = [o.token_ids for o in eng.generate(prompts[:8], params) + eng.generate(prompts[8:], params)]
+        eng.block_manager.check_all_free()
+        return out, eng
+
+    off, _ = run(None)
+    probe = LLMEngine(tiny64, EngineConfig(block_size=4, num_gpu_blocks=4), device="cpu")
+    budget = 12 * probe.bytes_per_block
+    on, eng = run(budget)
+    assert on == off
+    tier = eng.block_manager.host_tier
+    assert tier.hits > 0 and tier.peak_bytes <= budget
+    assert not set(eng.block_manager.hash_to_block) & set(tier.entries)
+
+
+def test_other_learner_block_manager_parts_run_with_the_tier(tiny64):
+    """The tier needs the engine's own match_prefix and evict only: a learner's hash_block, commit_full_blocks,
+    recycle, grow and release (the reference wrapped, so the engine runs it as a learner's, guards on) run with it."""
+    import functools
+
+    from lab_utils.course.parts import EngineParts
+    from lab_utils.engine.block_manager import BlockManager
+
+    def wrap(attr):
+        ref = getattr(BlockManager, attr)
+
+        @functools.wraps(ref)
+        def part(*args):
+            return ref(*args)
+        return part
+
+    names = ("hash_block", "commit_full_blocks", "recycle", "grow", "release")
+    parts = EngineParts({f"block_manager.{n}": wrap(n) for n in names})
+    rng = random.Random(2)
+    head = [rng.randrange(1, 200) for _ in range(24)]
+    prompts = [head + [rng.randrange(1, 200) for _ in range(4)] for _ in range(2)]
+    others = [[rng.randrange(1, 200) for _ in range(28)] for _ in range(3)]
+    outs = []
+    for offload in (None, 1 << 22):
+        eng = LLMEngine(tiny64, EngineConfig(block_size=4, num_gpu_blocks=12, kv_offload_bytes=offload),
+                        device="cpu", parts=parts)
+        outs.append([eng.generate([p], SamplingParams(max_tokens=4, ignore_eos=True))[0].token_ids
+                     for p in [prompts[0], *others, prompts[1]]])
+        eng.block_manager.check_all_free()
+    assert outs[0] == outs[1] and eng.stats()["host_tier_hits"] >= 6 and parts.calls["block_manager.recycle"]
