@@ -164,8 +164,9 @@ class Calibration:
 def calibrate(backend, model: ModelSpec, fit_workload, held_workload) -> Calibration:
     """Fit on `fit_workload`, check on `held_workload`, run in the order fit, held, held, fit (ABBA): on a
     machine whose load drifts, the fit sees the same average conditions as the check. The two held-out runs
-    are pooled (every request counted twice) for the measured side; how far apart they lie is `spread_ttft` and
-    `spread_tpot` in the comparison."""
+    are pooled (every request counted twice) for the measured side. `spread_ttft` and `spread_tpot` in the
+    comparison: how far apart the repeats lie (the fit pair's or the held-out pair's, the wider), the resolution
+    of the measurement on both sides of the check."""
     runs = {"fit": [], "held": []}
     for which in ("fit", "held", "held", "fit"):
         wl = fit_workload if which == "fit" else held_workload
@@ -180,5 +181,6 @@ def calibrate(backend, model: ModelSpec, fit_workload, held_workload) -> Calibra
     sim = simulate_like(runs["held"][0], held_workload, eng.config, model, hw, eng.num_blocks)
     real = [q for r in runs["held"] for q in r.requests]
     comparison = compare(real, sim)
-    comparison.update(repeat_spread([r.requests for r in runs["held"]]))
+    held, fitted = (repeat_spread([r.requests for r in runs[k]]) for k in ("held", "fit"))
+    comparison.update({k: max(held[k], fitted[k]) for k in held})
     return Calibration(hw, fit, comparison, sim, real)

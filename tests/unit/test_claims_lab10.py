@@ -56,7 +56,7 @@ def test_each_claim_fails_on_a_wrong_result(key, sub, value, message):
 
 def test_the_calibration_is_not_judged_when_the_held_out_runs_disagree(capsys):
     r = with_("cal_err_ttft", 0.6, None)
-    r["cal_spread_ttft"] = 0.8  # the two held-out runs' mean TTFT 80% apart: a busy machine, not a bad model
+    r["cal_spread_ttft"] = 0.8  # two repeats' mean TTFT 80% apart: a busy machine, not a bad model
     lab10.assert_claims(r)
     out = capsys.readouterr().out
     assert "NOT JUDGED  measured: the simulator replays" in out and "rerun the calibration cell" in out
