@@ -10,6 +10,7 @@ KV_CACHE_DTYPES = ("auto", "fp32", "fp16", "bf16", "fp8", "int8")
 QUANTIZATIONS = (None, "int8", "int4", "w8a8")
 PREEMPTION_MODES = ("recompute", "swap")
 KV_LAYOUTS = ("paged", "contiguous")
+KV_OFFLOAD_POLICIES = ("lru", "2q")  # host_tier.POLICIES
 SPEC_METHODS = ("draft", "ngram", "medusa", "eagle")
 # EngineConfig's CPU fast-path switches, and the environment variable that sets each one's default
 CPU_SWITCH_ENV = {
@@ -79,6 +80,7 @@ class EngineConfig:
     # host memory for the prefix cache's evicted blocks (vLLM's --kv-offloading-size, in bytes; host_tier.py):
     # a returning prefix is copied back instead of recomputed. None or 0: off, an evicted block is gone
     kv_offload_bytes: int | None = None
+    kv_offload_policy: str = "lru"  # which host-tier entry goes first: "lru", or "2q" (keeps returning prefixes)
     enforce_eager: bool = False
     seed: int = 0
     # CPU fast paths (lab_utils.engine.accel): PyTorch's results to float32 round-off, on by default, off for A/B
@@ -110,6 +112,7 @@ class EngineConfig:
         need("kv_offload_bytes", self.kv_offload_bytes is None or (isinstance(self.kv_offload_bytes, int)
                                                                     and self.kv_offload_bytes >= 0),
              "None (off) or an int >= 0 (bytes of host memory; 0: off)")
+        need("kv_offload_policy", self.kv_offload_policy in KV_OFFLOAD_POLICIES, f"one of {KV_OFFLOAD_POLICIES}")
         if self.kv_offload_bytes and (not self.enable_prefix_caching or self.kv_layout == "contiguous"):
             raise ValueError(f"EngineConfig.kv_offload_bytes={self.kv_offload_bytes} keeps the prefix cache's "
                              f"evicted blocks, but the prefix cache is off (enable_prefix_caching="

@@ -19,7 +19,7 @@ from lab_utils.engine.block_manager import BlockManager
 from lab_utils.engine.config import EngineConfig
 from lab_utils.engine.features import STATS_WHEN_OFF, build_hooks
 from lab_utils.engine.hooks import StepBatch
-from lab_utils.engine.host_tier import STATS_WHEN_OFF as HOST_TIER_STATS_WHEN_OFF, HostTier
+from lab_utils.engine.host_tier import POLICIES, STATS_WHEN_OFF as HOST_TIER_STATS_WHEN_OFF, HostTier
 from lab_utils.engine.accel import FastPaths, fast_linears, warmup_shapes
 from lab_utils.engine.kv_cache import KVCache, fp8_decode, fp8_encode, storage_dtype
 from lab_utils.engine.model_runner import ModelRunner
@@ -132,7 +132,7 @@ class LLMEngine:
                              f"None, or run without those parts")
         # one block at a time, through the KV cache's swap copies (partials: no reference back to the engine)
         return HostTier(self.config.kv_offload_bytes, functools.partial(copy_block_out, self.kv_cache),
-                        functools.partial(copy_block_in, self.kv_cache))
+                        functools.partial(copy_block_in, self.kv_cache), POLICIES[self.config.kv_offload_policy]())
 
     # -- sizing -----------------------------------------------------------------------------------
     def _num_blocks(self) -> int:

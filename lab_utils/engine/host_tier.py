@@ -10,7 +10,8 @@ The tier is exclusive: a copy brought back leaves the tier (the device holds it 
 if it must), so the device pool and the tier hold different blocks and their capacities add up, and no name
 is ever held twice. The price: a block evicted, brought back and evicted again is copied out twice.
 
-The tier is bounded in bytes; which entry it drops to make room is an `EvictionPolicy`'s choice (`LRUPolicy`).
+The tier is bounded in bytes; which entry it drops to make room is an `EvictionPolicy`'s choice (`POLICIES`:
+`LRUPolicy`, and `TwoQueuePolicy`, which keeps the prefixes that have come back before).
 """
 from __future__ import annotations
 
@@ -56,7 +57,36 @@ class LRUPolicy(EvictionPolicy):
         return next(iter(self.order))
 
 
-POLICIES: dict[str, Callable[[], EvictionPolicy]] = {"lru": LRUPolicy}
+class TwoQueuePolicy(EvictionPolicy):
+    """2Q: an entry whose name came back to the device before (a prefix that proved it returns: a system prompt,
+    a conversation's earlier turns) is protected; entries never reused go first, oldest first, and the
+    protected ones only when no other is left (oldest first). A scan of one-off prompts cannot push out
+    the prefixes that keep coming back, as it can under LRU."""
+
+    def __init__(self, history: int = 1 << 16) -> None:
+        self.probation: OrderedDict[Hashable, None] = OrderedDict()  # never came back, oldest first
+        self.protected: OrderedDict[Hashable, None] = OrderedDict()  # came back before, oldest first
+        self.returned: OrderedDict[Hashable, None] = OrderedDict()  # names that came back (the newest `history`)
+        self.history = history
+
+    def inserted(self, key: Hashable) -> None:
+        (self.protected if key in self.returned else self.probation)[key] = None
+
+    def removed(self, key: Hashable, hit: bool) -> None:
+        self.probation.pop(key, None)
+        self.protected.pop(key, None)
+        if hit:
+            self.returned[key] = None
+            self.returned.move_to_end(key)
+            if len(self.returned) > self.history:
+                self.returned.popitem(last=False)
+
+    def victim(self) -> Hashable:
+        return next(iter(self.probation or self.protected))
+
+
+# `EngineConfig.kv_offload_policy` -> the host tier's eviction policy
+POLICIES: dict[str, Callable[[], EvictionPolicy]] = {"lru": LRUPolicy, "2q": TwoQueuePolicy}
 
 
 @dataclass

@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from lab_utils import EngineConfig, LLMEngine, SamplingParams
-from lab_utils.engine.host_tier import HostTier, LRUPolicy
+from lab_utils.engine.config import KV_OFFLOAD_POLICIES
+from lab_utils.engine.host_tier import POLICIES, HostTier, LRUPolicy, TwoQueuePolicy
 
 BS = 8
 GREEDY = SamplingParams(max_tokens=6, ignore_eos=True)
@@ -23,11 +24,12 @@ def _conversations() -> tuple[list[int], list[list[int]], list[int]]:
     return tokens(80), [tokens(80) for _ in range(3)], tokens(12)
 
 
-def _run(model, num_blocks: int, offload_bytes: int | None, kv_cache_dtype: str = "auto") -> dict:
+def _run(model, num_blocks: int, offload_bytes: int | None, kv_cache_dtype: str = "auto", policy: str = "lru") -> dict:
     """A's first turn, the others, then A's second turn (its first turn, A's reply, a new message), one at a time."""
     first, others, message = _conversations()
     eng = LLMEngine(model, EngineConfig(block_size=BS, num_gpu_blocks=num_blocks, max_num_batched_tokens=256,
-                                        kv_cache_dtype=kv_cache_dtype, kv_offload_bytes=offload_bytes), device="cpu")
+                                        kv_cache_dtype=kv_cache_dtype, kv_offload_bytes=offload_bytes,
+                                        kv_offload_policy=policy), device="cpu")
     outs = [eng.generate([p], GREEDY)[0] for p in [first, *others]]
     again = first + outs[0].token_ids + message
     logged = len(eng.step_log)
@@ -45,7 +47,7 @@ def runs(tiny64) -> dict:
     probe = LLMEngine(tiny64, EngineConfig(block_size=BS, num_gpu_blocks=small), device="cpu")
     tier = 64 * probe.bytes_per_block
     return {"off": _run(tiny64, small, None), "tier": _run(tiny64, small, tier), "big": _run(tiny64, 256, None),
-            "tier_bytes": tier}
+            "2q": _run(tiny64, small, tier, policy="2q"), "tier_bytes": tier}
 
 
 def test_returning_conversation_skips_its_prefill_with_the_tier(runs):
@@ -59,7 +61,8 @@ def test_returning_conversation_skips_its_prefill_with_the_tier(runs):
     assert tier["stats"]["host_tier_bytes_in"] == tier["stats"]["host_tier_hits"] * tier["engine"].bytes_per_block
     assert off["stats"]["host_tier_hits"] == 0 and off["stats"]["host_tier_blocks_out"] == 0
     # the same greedy tokens with the tier, without it, and with a pool that never evicts
-    assert tier["tokens"] == off["tokens"] == big["tokens"]
+    assert tier["tokens"] == off["tokens"] == big["tokens"] == runs["2q"]["tokens"]
+    assert runs["2q"]["cached"] == tier["cached"]
     print(f"\nA's second turn ({tier['prompt']} prompt tokens): prefill computed {off['computed']} without the "
           f"tier, {tier['computed']} with it ({tier['cached']} cached), {big['computed']} with a big pool")
 
@@ -89,6 +92,27 @@ def test_small_tier_drops_least_recently_offloaded_first(tiny64):
     tier.offload(6, 6, (6,))  # full again: 2 (the oldest) goes, 4 stays
     assert list(tier.entries) == [4, 5, 6]
     assert tier.stats()["host_tier_blocks_out"] == 7 and tier.stats()["host_tier_hits"] == 1
+
+
+@pytest.mark.parametrize("policy, kept", [(LRUPolicy, [3, 4, 5]), (TwoQueuePolicy, [0, 4, 5])])
+def test_two_queue_keeps_a_prefix_that_came_back_where_lru_drops_it(tiny64, policy, kept):
+    """Block 0 comes back once and is offloaded again; then one-off blocks pass through a tier of 3. LRU drops 0
+    as the oldest; 2Q keeps it (it returned before) and drops the one-offs."""
+    eng = LLMEngine(tiny64, EngineConfig(block_size=BS, num_gpu_blocks=8), device="cpu")
+    tier = HostTier(3 * eng.bytes_per_block, lambda b: eng.kv_cache.copy_out([b]), lambda b, s: None, policy())
+    tier.offload(0, 0, (0,))
+    assert tier.take(0, (0,)) is not None
+    tier.offload(0, 0, (0,))
+    for name in range(1, 6):
+        tier.offload(name, name, (name,))
+        assert tier.bytes_used <= tier.capacity_bytes
+    assert sorted(tier.entries) == kept
+
+
+def test_every_policy_the_config_names_exists():
+    assert set(POLICIES) == set(KV_OFFLOAD_POLICIES)
+    with pytest.raises(ValueError, match="kv_offload_policy='mru' is invalid"):
+        EngineConfig(kv_offload_bytes=1 << 20, kv_offload_policy="mru")
 
 
 def test_a_block_bigger_than_the_tier_is_not_kept(tiny64):
@@ -162,8 +186,8 @@ def test_learner_prefix_cache_parts_are_refused_with_the_tier(tiny64):
     LLMEngine(tiny64, EngineConfig(block_size=BS, num_gpu_blocks=8), device="cpu", parts=parts)  # tier off: runs
 
 
-@pytest.mark.parametrize("preemption_mode", ["recompute", "swap"])
-def test_concurrent_shared_prefixes_in_a_tiny_pool(tiny64, preemption_mode):
+@pytest.mark.parametrize("preemption_mode, policy", [("recompute", "lru"), ("swap", "lru"), ("recompute", "2q")])
+def test_concurrent_shared_prefixes_in_a_tiny_pool(tiny64, preemption_mode, policy):
     """Four at a time over a pool that preempts and evicts all the time, prompts sharing prefixes of several
     lengths, in two waves (the second returns to the first's prefixes): with the tier the same greedy tokens as
     without it, blocks found in the tier, every block back, the tier within its bytes."""
@@ -175,7 +199,8 @@ def test_concurrent_shared_prefixes_in_a_tiny_pool(tiny64, preemption_mode):
     def run(offload_bytes):
         eng = LLMEngine(tiny64, EngineConfig(block_size=4, num_gpu_blocks=40, max_num_seqs=4,
                                              max_num_batched_tokens=32, preemption_mode=preemption_mode,
-                                             kv_offload_bytes=offload_bytes), device="cpu")
+                                             kv_offload_bytes=offload_bytes, kv_offload_policy=policy),
+                        device="cpu")
         out = [o.token_ids for o in eng.generate(prompts[:8], params) + eng.generate(prompts[8:], params)]
         eng.block_manager.check_all_free()
         return out, eng
