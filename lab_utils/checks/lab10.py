@@ -386,9 +386,9 @@ def claims(r: dict) -> list[Claim]:
 
     The first three are measurements (two real processes, the bytes that crossed the pipe, the simulator against
     the real engine); the goodput and throughput figures come from the simulator at datasheet A100 numbers and are
-    labelled checks of the model. The simulator's error is judged against how far repeated runs lie apart (`cal_spread_*`, the
-    fit pair's or the held-out pair's, the wider): where the measurement disagrees with itself by more than the
-    bound, it is not judged."""
+    labelled checks of the model. The simulator's error is judged against how far repeats lie apart (`cal_spread_*`: the two fit
+    runs, the two held-out runs, the replays fitted on each fit run alone; the widest): where the measurement
+    disagrees with itself by more than the bound, it is not judged."""
     from lab_utils.checks.claims import need
     from lab_utils.checks.timing import judge_error
 
@@ -417,7 +417,7 @@ def claims(r: dict) -> list[Claim]:
         (f"measured: the KV bytes that crossed the pipe = prompt tokens x {r['kv_bytes_per_token']:,} B (+ headers; "
          f"ratio {r['kv_ratio']:.3f}, allowed 0.99-1.2)", 0.99 <= r["kv_ratio"] < 1.2),
         judge_error(f"measured: the simulator replays this engine on a held-out workload within {r['cal_bound']:.0%} "
-                    f"(TTFT error {r['cal_err_ttft']:.1%}, TPOT {r['cal_err_tpot']:.1%}; repeated runs lie up to "
+                    f"(TTFT error {r['cal_err_ttft']:.1%}, TPOT {r['cal_err_tpot']:.1%}; repeats lie up to "
                     f"{r['cal_spread_ttft']:.0%} and {r['cal_spread_tpot']:.0%} apart): its scheduling and "
                     "overheads, not an A100's roofline",
                     {"TTFT": r["cal_err_ttft"], "TPOT": r["cal_err_tpot"]},

@@ -141,12 +141,12 @@ def compare(real_requests, sim_result) -> dict:
     return out
 
 
-def repeat_spread(repeats: list[list]) -> dict:
-    """How far repeated runs of one workload lie apart: (max - min) / mean of their mean TTFT and mean TPOT.
-    A prediction cannot be judged more finely than the measurement agrees with itself."""
+def spread(summaries: list[dict]) -> dict:
+    """How far repeats lie apart: (max - min) / mean of their mean TTFT and of their mean TPOT. A prediction
+    cannot be judged more finely than the measurement agrees with itself."""
     out = {}
     for k in ("mean_ttft_ms", "mean_tpot_ms"):
-        xs = [metrics.summarize(reqs)[k] for reqs in repeats]
+        xs = [s[k] for s in summaries]
         mean = sum(xs) / len(xs)
         out[f"spread_{k[5:-3]}"] = (max(xs) - min(xs)) / mean if mean else math.nan
     return out
@@ -165,22 +165,26 @@ def calibrate(backend, model: ModelSpec, fit_workload, held_workload) -> Calibra
     """Fit on `fit_workload`, check on `held_workload`, run in the order fit, held, held, fit (ABBA): on a
     machine whose load drifts, the fit sees the same average conditions as the check. The two held-out runs
     are pooled (every request counted twice) for the measured side. `spread_ttft` and `spread_tpot` in the
-    comparison: how far apart the repeats lie (the fit pair's or the held-out pair's, the wider), the resolution
-    of the measurement on both sides of the check."""
+    comparison: how far apart the repeats lie (the two fit runs, the two held-out runs, and the replays predicted
+    from each fit run alone; the widest), the resolution of the measurement on both sides of the check."""
     runs = {"fit": [], "held": []}
     for which in ("fit", "held", "held", "fit"):
         wl = fit_workload if which == "fit" else held_workload
         runs[which].append(backend.run(wl, warmup=not (runs["fit"] or runs["held"])))
-    samples, gaps = [], []
-    for r in runs["fit"]:
-        s, g = step_samples(r, fit_workload)
-        samples += s
-        gaps.append(g)
-    hw, fit = fit_hardware(model, samples, statistics.median(gaps))
+    per_run = [step_samples(r, fit_workload) for r in runs["fit"]]
+    samples = [x for s, _ in per_run for x in s]
+    hw, fit = fit_hardware(model, samples, statistics.median(g for _, g in per_run))
     eng = backend.engine
-    sim = simulate_like(runs["held"][0], held_workload, eng.config, model, hw, eng.num_blocks)
+
+    def replay(machine: Hardware):
+        return simulate_like(runs["held"][0], held_workload, eng.config, model, machine, eng.num_blocks)
+
+    sim = replay(hw)
     real = [q for r in runs["held"] for q in r.requests]
     comparison = compare(real, sim)
-    held, fitted = (repeat_spread([r.requests for r in runs[k]]) for k in ("held", "fit"))
-    comparison.update({k: max(held[k], fitted[k]) for k in held})
+    # the measurement's resolution: the fit runs and the held-out runs measured twice, and the replay predicted
+    # from each fit run alone; the widest of the three spreads
+    spreads = [spread([metrics.summarize(r.requests) for r in runs[k]]) for k in ("held", "fit")]
+    spreads.append(spread([replay(fit_hardware(model, s, g)[0]).summary() for s, g in per_run]))
+    comparison.update({k: max(x[k] for x in spreads) for k in spreads[0]})
     return Calibration(hw, fit, comparison, sim, real)

@@ -10,7 +10,7 @@ from lab_utils import EngineConfig, load_model
 from lab_utils.bench.backends import LabBackend
 from lab_utils.bench.workload import make_workload
 from lab_utils.sim import GPUS, Hardware, allreduce_time, gpu, kv_capacity, model_spec, step_cost
-from lab_utils.sim.calibrate import StepSample, compare, fit_hardware, step_samples
+from lab_utils.sim.calibrate import StepSample, compare, fit_hardware, spread, step_samples
 from lab_utils.sim.cost_model import ModelSpec, causal_pairs, max_concurrent_seqs
 from lab_utils.sim.gpus import cpu_hardware
 from lab_utils.sim.simulator import (SimEngine, goodput_at_attainment, kv_transfer_time, make_engine,
@@ -207,3 +207,8 @@ def test_step_samples_replay_a_real_run_and_sim_compares():
     sim = simulate_like(run, wl, cfg, spec, hw, be.engine.num_blocks)
     cmp = compare(run.requests, sim)
     assert set(cmp) >= {"rel_err_ttft", "rel_err_tpot", "max_rel_err"} and cmp["max_rel_err"] >= 0
+
+
+def test_spread_is_how_far_repeats_lie_apart_relative_to_their_mean():
+    got = spread([{"mean_ttft_ms": 90.0, "mean_tpot_ms": 20.0}, {"mean_ttft_ms": 110.0, "mean_tpot_ms": 20.0}])
+    assert got == pytest.approx({"spread_ttft": 0.2, "spread_tpot": 0.0})
