@@ -22,14 +22,13 @@ from lab_utils.engine.engine import LLMEngine
 from lab_utils.server.async_engine import AsyncEngine
 from lab_utils.server.errors import install_error_handlers
 from lab_utils.server.frontend import Frontend
-from lab_utils.server.guard import DEFAULT_MAX_BODY_BYTES, RequestGuard, document_errors
+from lab_utils.server.guard import DEFAULT_MAX_BODY_BYTES, RequestGuard
 from lab_utils.server.logprobs import TokenTexts
 from lab_utils.server.metrics import ServerMetrics
 from lab_utils.server.offload import COMPILE_TIMEOUT_S, Offload
+from lab_utils.server.openapi import publish
 from lab_utils.server.routes import router
 from lab_utils.server.streaming import load_stream_part
-
-GENERATION_ERRORS = [400, 401, 404, 413, 500, 503]
 
 
 def create_app(engine: LLMEngine, model_name: str, max_tokens_cap: int = 1024, api_key: str | None = None,
@@ -61,9 +60,7 @@ def create_app(engine: LLMEngine, model_name: str, max_tokens_cap: int = 1024, a
 
 
 def openapi_with_errors(app: FastAPI, fastapi_openapi: Callable[[], dict]) -> dict:
-    """FastAPI's schema, with the error object every error status really answers (built once)."""
+    """FastAPI's schema, with every status each route really answers and this model's bounds (built once)."""
     if app.openapi_schema is None:
-        app.openapi_schema = document_errors(fastapi_openapi(), {
-            "/v1/completions": GENERATION_ERRORS, "/v1/chat/completions": GENERATION_ERRORS, "/v1/models": [401],
-            "/health": [500]})
+        app.openapi_schema = publish(fastapi_openapi(), app.state.engine.vocab_size)
     return app.openapi_schema

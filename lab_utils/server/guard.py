@@ -43,8 +43,9 @@ def document_errors(spec: dict, statuses: dict[str, list[int]]) -> dict:
 
 
 HTTP_REASONS = {400: "bad request (the message names the field)", 401: "missing or wrong API key",
-                404: "unknown model or path", 413: "body too large", 500: "the engine failed on this request",
-                503: "queue full (Retry-After) or engine unusable"}
+                404: "unknown model or path", 408: "the request's headers took too long",
+                413: "body too large", 431: "the request's headers are too large",
+                500: "the engine failed on this request", 503: "queue full (Retry-After) or engine unusable"}
 
 
 def key_matches(header: bytes, api_key: str) -> bool:

@@ -21,6 +21,7 @@ ROLES = ("system", "developer", "user", "assistant", "tool")
 
 
 class TextPart(BaseModel):
+    model_config = ConfigDict(strict=True)
     type: Literal["text"]
     text: str
 
@@ -40,7 +41,8 @@ Content = str | list[TextPart]
 
 
 class _Message(BaseModel):
-    model_config = ConfigDict(extra="ignore")  # clients send fields this server has no use for (e.g. `audio`)
+    # clients send fields this server has no use for (e.g. `audio`); strict: each value has its JSON type
+    model_config = ConfigDict(extra="ignore", strict=True)
 
     @field_validator("content", mode="before", check_fields=False)
     @classmethod
@@ -67,11 +69,13 @@ class UserMessage(_Message):
 
 
 class FunctionCall(BaseModel):
+    model_config = ConfigDict(strict=True)
     name: str = Field(min_length=1)
     arguments: str = Field(description="the arguments as JSON text, as the model wrote them")
 
 
 class ToolCall(BaseModel):
+    model_config = ConfigDict(strict=True)
     id: str = Field(min_length=1)
     type: Literal["function"] = "function"
     function: FunctionCall

@@ -7,10 +7,11 @@ ignored.
 from __future__ import annotations
 
 import json
+import re
 from typing import Annotated, Any, Literal
 
-from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, StrictFloat, StrictInt, StringConstraints,
-                      ValidationInfo, field_validator)
+from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, StrictFloat, StringConstraints, ValidationInfo,
+                      WithJsonSchema, field_validator)
 
 from lab_utils.engine.sampling_params import MAX_LOGIT_BIAS, MAX_STOP_STRINGS, PENALTY_RANGE, SEED_RANGE
 from lab_utils.server.messages import ChatMessage
@@ -18,6 +19,26 @@ from lab_utils.server.streaming import StreamOptions
 from lab_utils.server.tools import NamedToolChoice, ResponseFormat, Tool
 
 StopString = Annotated[str, StringConstraints(min_length=1, max_length=256)]
+MIN_REPETITION_PENALTY, MAX_REPETITION_PENALTY = 0.01, 100.0  # past these a logit leaves float32's range
+TOKEN_ID_KEY = r"^[0-9]+$"  # a logit_bias key: a token id in decimal digits
+
+
+def _json_int(v):
+    """JSON Schema's integer: 4.0 is the integer 4 (strict mode refuses "4" and true)."""
+    return int(v) if type(v) is float and v.is_integer() else v
+
+
+def json_int(**bounds):
+    """An integer field with its bounds (ge, le), JSON Schema's way: the bounds go before the validator, so the
+    OpenAPI schema states them as minimum / maximum."""
+    return Annotated[int, Field(**bounds), BeforeValidator(_json_int)]
+
+
+TokenId = json_int(ge=0)
+LOGIT_BIAS_SCHEMA = {"anyOf": [{"type": "object", "propertyNames": {"pattern": TOKEN_ID_KEY},
+                                "additionalProperties": {"type": "number", "minimum": -MAX_LOGIT_BIAS,
+                                                         "maximum": MAX_LOGIT_BIAS}}, {"type": "null"}],
+                     "default": None, "description": "token id (decimal digits) -> bias in [-100, 100]"}
 # OpenAI fields this server does not implement (top_logprobs on /v1/completions, echo on chat: not fields of those
 # endpoints), with the values that ask for nothing (accepted); any other value is a 400 naming the field, never
 # silently ignored
@@ -39,29 +60,32 @@ Penalty = Annotated[StrictFloat | None, Field(default=None, ge=PENALTY_RANGE[0],
 
 # the fields both endpoints take (a comment, not a docstring: pydantic would put a docstring in the schema)
 class CommonFields(BaseModel):
-    model_config = ConfigDict(extra="ignore")  # OpenAI clients send fields this server does not use (user, ...)
+    # strict: a field's value has its JSON type ("1" is not a number, 1 is not true), as the OpenAPI schema says
+    model_config = ConfigDict(extra="ignore", strict=True)  # clients send fields this server does not use (user)
 
     model: str
-    max_tokens: StrictInt | None = Field(default=None, ge=1, description="capped at the server's --max-tokens-cap")
-    temperature: float = Field(default=1.0, ge=0.0, le=2.0, allow_inf_nan=False)
+    max_tokens: json_int(ge=1) | None = Field(default=None, description="capped at the server's --max-tokens-cap")
+    temperature: float = Field(default=1.0, ge=0.0, le=2.0, allow_inf_nan=False,
+                               description="0: greedy; above 0 at least 0.01 (vLLM's floor)")
     top_p: float = Field(default=1.0, gt=0.0, le=1.0, allow_inf_nan=False)
-    top_k: int = Field(default=0, ge=-1, description="0 or -1: off")
-    seed: int | None = Field(default=None, ge=SEED_RANGE[0], le=SEED_RANGE[1])
+    top_k: json_int(ge=-1) = Field(default=0, description="0 or -1: off")
+    seed: json_int(ge=SEED_RANGE[0], le=SEED_RANGE[1]) | None = None
     stop: StopString | Annotated[list[StopString], Field(max_length=MAX_STOP_STRINGS)] | None = None
     stream: bool = False
     stream_options: StreamOptions | None = Field(default=None, description="only with stream: true")
     return_token_ids: bool = Field(default=False, description="vLLM's: each choice carries its token ids (each "
                                                               "chunk the new ones), and the prompt's are returned")
     ignore_eos: bool = False
-    n: int = Field(default=1, ge=1, le=1, description="one choice per request")
+    n: json_int(ge=1, le=1) = Field(default=1, description="one choice per request")
     response_format: ResponseFormat | None = None  # {"type": "json_object"} | {"type": "json_schema", ...}
     # the sampler's logit processors (vLLM's definitions; docs/SERVER.md)
-    logit_bias: dict[int, float] | None = Field(default=None, description="token id (a string) -> bias in [-100, 100]")
+    logit_bias: Annotated[dict[int, float] | None, WithJsonSchema(LOGIT_BIAS_SCHEMA)] = None
     frequency_penalty: Penalty
     presence_penalty: Penalty
-    repetition_penalty: StrictFloat | None = Field(default=None, gt=0.0, allow_inf_nan=False,
-                                                   description="> 0; 1 or null: off (vLLM's)")
-    min_tokens: StrictInt | None = Field(default=None, ge=0, description="at most max_tokens (vLLM's)")
+    repetition_penalty: StrictFloat | None = Field(default=None, ge=MIN_REPETITION_PENALTY,
+                                                   le=MAX_REPETITION_PENALTY, allow_inf_nan=False,
+                                                   description="in [0.01, 100]; 1 or null: off (vLLM's)")
+    min_tokens: json_int(ge=0) | None = Field(default=None, description="at most max_tokens (vLLM's)")
     best_of: Unsupported = None
     suffix: Unsupported = None
 
@@ -75,21 +99,18 @@ class CommonFields(BaseModel):
             raise ValueError("must be an object mapping token ids (as strings) to a bias in [-100, 100]")
         out = {}
         for key, bias in v.items():
-            try:
-                token = int(key)
-            except (TypeError, ValueError):
-                raise ValueError(f"key {key!r} is not a token id: keys are token ids such as \"50256\"") from None
-            if token < 0:
-                raise ValueError(f"key {key!r} is not a token id: token ids are >= 0")
+            if not (isinstance(key, str) and re.fullmatch(TOKEN_ID_KEY, key)):
+                raise ValueError(f"key {key!r} is not a token id: keys are token ids in decimal digits such as "
+                                 f"\"50256\"")
             if type(bias) not in (int, float) or not -MAX_LOGIT_BIAS <= bias <= MAX_LOGIT_BIAS:  # NaN fails too
                 raise ValueError(f"{key}: {bias!r} is not a bias: send a number in [-100, 100]")
-            out[token] = float(bias)
+            out[int(key)] = float(bias)
         return out
 
 
 class CompletionRequest(CommonFields):
-    prompt: Annotated[str, StringConstraints(min_length=1)] | Annotated[list[int], Field(min_length=1)]
-    logprobs: StrictInt | None = Field(default=None, ge=0, le=5, description="logprobs of each token and of the "
+    prompt: Annotated[str, StringConstraints(min_length=1)] | Annotated[list[TokenId], Field(min_length=1)]
+    logprobs: json_int(ge=0, le=5) | None = Field(default=None, description="logprobs of each token and of the "
                                        "k most likely (0-5)")
     echo: bool = Field(default=False, description="the prompt (and its logprobs) before the completion")
     top_logprobs: Unsupported = None  # chat's field: here `logprobs` is the count
@@ -97,6 +118,8 @@ class CompletionRequest(CommonFields):
     @field_validator("prompt", mode="before")
     @classmethod
     def _one_prompt(cls, v):
+        if isinstance(v, list):
+            v = [_json_int(t) for t in v]
         if (isinstance(v, str) and v) or (isinstance(v, list) and v and all(type(t) is int for t in v)):
             return v
         raise ValueError("must be a non-empty string or a non-empty list of token ids (ints); one prompt per request")
@@ -106,12 +129,12 @@ class ChatRequest(CommonFields):
     messages: list[ChatMessage] = Field(min_length=1, description="system, developer, user, assistant (content "
                                         "null with tool_calls) and tool (with tool_call_id) messages; content a "
                                         "string or a list of text parts")
-    max_completion_tokens: StrictInt | None = Field(default=None, ge=1)
+    max_completion_tokens: json_int(ge=1) | None = None
     tools: list[Tool] | None = Field(default=None, max_length=128)
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool | None = None
     logprobs: bool = False
-    top_logprobs: StrictInt | None = Field(default=None, ge=0, le=20, description="needs logprobs: true")
+    top_logprobs: json_int(ge=0, le=20) | None = Field(default=None, description="needs logprobs: true")
     echo: Unsupported = None  # a completions field
 
     @field_validator("top_logprobs")

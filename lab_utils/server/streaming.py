@@ -42,7 +42,7 @@ async def stream_sse(outputs: AsyncIterator, to_chunk: Callable[[object], dict],
 
 class StreamOptions(BaseModel):
     """OpenAI's `stream_options` (only with `stream: true`)."""
-    model_config = ConfigDict(extra="forbid")  # an option this server does not implement is a 400, not ignored
+    model_config = ConfigDict(extra="forbid", strict=True)  # an option this server does not implement is a 400, not ignored
     include_usage: bool = Field(default=False, description="a last chunk with the usage and choices: [] before "
                                                            "[DONE]; the other chunks carry usage: null")
 

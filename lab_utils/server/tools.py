@@ -32,7 +32,7 @@ COMPACT = {"disable_any_whitespace": True}
 
 
 class JsonSchemaSpec(BaseModel):
-    model_config = ConfigDict(populate_by_name=True, extra="ignore")
+    model_config = ConfigDict(populate_by_name=True, extra="ignore", strict=True)
     name: str = Field(pattern=NAME_PATTERN)
     json_schema: dict = Field(alias="schema")  # "schema" shadows a pydantic attribute, hence the alias
     description: str | None = None
@@ -40,27 +40,31 @@ class JsonSchemaSpec(BaseModel):
 
 
 class ResponseFormat(BaseModel):
+    model_config = ConfigDict(strict=True)
     type: Literal["text", "json_object", "json_schema"]
     json_schema: JsonSchemaSpec | None = None
 
 
 class FunctionDef(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", strict=True)
     name: str = Field(pattern=NAME_PATTERN)
     description: str | None = None
     parameters: dict | None = None
 
 
 class Tool(BaseModel):
+    model_config = ConfigDict(strict=True)
     type: Literal["function"] = "function"
     function: FunctionDef
 
 
 class FunctionName(BaseModel):
+    model_config = ConfigDict(strict=True)
     name: str = Field(pattern=NAME_PATTERN)
 
 
 class NamedToolChoice(BaseModel):
+    model_config = ConfigDict(strict=True)
     type: Literal["function"] = "function"
     function: FunctionName
 
