@@ -20,7 +20,6 @@ from lab_utils.server.schemas import ChatRequest, CommonFields
 from lab_utils.server.tools import ToolRequestError, structured_output, tool_schema
 
 RETRY_AFTER_S = 1  # what a 503 "queue full" asks the client to wait
-MIN_TEMPERATURE = 0.01  # vLLM's floor: a temperature above 0 and below it is raised to it (logits stay finite)
 
 
 def grammar_param(mode: str | None) -> str:
@@ -60,8 +59,7 @@ class Frontend:
         else:
             logprobs, prompt_logprobs = req.logprobs, req.logprobs if req.echo else None
         try:
-            return SamplingParams(max_tokens=min(max_tokens or 16, self.max_tokens_cap),
-                                  temperature=req.temperature and max(req.temperature, MIN_TEMPERATURE),
+            return SamplingParams(max_tokens=min(max_tokens or 16, self.max_tokens_cap), temperature=req.temperature,
                                   top_p=req.top_p, top_k=max(req.top_k, 0), seed=req.seed, stop=stop,
                                   ignore_eos=req.ignore_eos, structured_output=structured,
                                   logit_bias=req.logit_bias, min_tokens=req.min_tokens or 0,

@@ -14,7 +14,8 @@ GENERATION_ERRORS = [400, 401, 404, 413, 500, 503, *HEAD_ERRORS]
 HTTP_ERRORS = {"/v1/completions": GENERATION_ERRORS, "/v1/chat/completions": GENERATION_ERRORS,
                "/v1/models": [401, 413, *HEAD_ERRORS], "/health": [413, 500, *HEAD_ERRORS],
                "/metrics": [413, *HEAD_ERRORS]}
-SSE = {"text/event-stream": {"schema": {"type": "string", "description": "server-sent events, `data: [DONE]` last"}}}
+# each event's data: a chunk (JSON) or, last, the text [DONE]
+SSE = {"text/event-stream": {"schema": {"description": "server-sent events: chunks, then `data: [DONE]`"}}}
 
 
 def below(n: int) -> str:
@@ -37,7 +38,7 @@ def publish(spec: dict, vocab_size: int) -> dict:
         bias["propertyNames"] = {"pattern": below(vocab_size)}
     for branch in schemas["CompletionRequest"]["properties"]["prompt"]["anyOf"]:
         if branch.get("type") == "array":
-            branch["items"]["maximum"] = vocab_size - 1
+            branch["items"].update(minimum=0, maximum=vocab_size - 1)
     paths = spec["paths"]
     for path in ("/v1/completions", "/v1/chat/completions"):
         paths[path]["post"]["responses"]["200"]["content"].update(SSE)

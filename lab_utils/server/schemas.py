@@ -34,7 +34,7 @@ def json_int(**bounds):
     return Annotated[int, Field(**bounds), BeforeValidator(_json_int)]
 
 
-TokenId = json_int(ge=0)
+TokenId = json_int()  # its bounds (this model's vocabulary) are the engine's check; openapi.py publishes them
 LOGIT_BIAS_SCHEMA = {"anyOf": [{"type": "object", "propertyNames": {"pattern": TOKEN_ID_KEY},
                                 "additionalProperties": {"type": "number", "minimum": -MAX_LOGIT_BIAS,
                                                          "maximum": MAX_LOGIT_BIAS}}, {"type": "null"}],

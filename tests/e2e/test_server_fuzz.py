@@ -4,6 +4,8 @@ schema documents, a schema-valid body is accepted and a schema-invalid one refus
 healthy and holds no KV block."""
 from __future__ import annotations
 
+import os
+
 import pytest
 
 schemathesis = pytest.importorskip("schemathesis")
@@ -14,7 +16,8 @@ from schemathesis.specs.openapi.checks import positive_data_acceptance
 
 from lab_utils.server.app import create_app
 
-MAX_EXAMPLES = 40  # per endpoint and generation mode; ~10 s in all for the tiny model on 2 cores
+# per endpoint and generation mode; ~10 s in all for the tiny model on 2 cores (FUZZ_MAX_EXAMPLES=200: a deeper run)
+MAX_EXAMPLES = int(os.environ.get("FUZZ_MAX_EXAMPLES", "40"))
 
 
 @pytest.fixture(scope="module")
