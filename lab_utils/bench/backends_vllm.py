@@ -39,10 +39,27 @@ def vllm_sampling_params(max_tokens: int, temperature: float = 0.0, top_p: float
                           stop_token_ids=stop_token_ids or None, detokenize=False)
 
 
+def vllm_fields(p) -> dict:
+    """A lab `SamplingParams` as the keyword arguments of vLLM's (the same meaning field by field: the logit
+    processors, min_tokens, logprobs and the seed are vLLM's definitions). Structured output is refused with a
+    ValueError: vLLM's way of asking for it differs between its versions."""
+    if p.structured_output is not None:
+        raise ValueError("structured_output is not passed to vLLM by this backend: run constrained requests on the "
+                         "lab engine, or send them to a vLLM server through the http backend (response_format)")
+    return dict(max_tokens=p.max_tokens, temperature=p.temperature, top_p=p.top_p,
+                top_k=p.top_k if p.top_k > 0 else -1, seed=p.seed, ignore_eos=p.ignore_eos,
+                stop=list(p.stop) or None, stop_token_ids=list(p.stop_token_ids) or None,
+                logit_bias=dict(p.logit_bias) if p.logit_bias else None, min_tokens=p.min_tokens,
+                repetition_penalty=p.repetition_penalty, frequency_penalty=p.frequency_penalty,
+                presence_penalty=p.presence_penalty, logprobs=p.logprobs, prompt_logprobs=p.prompt_logprobs,
+                detokenize=False)
+
+
 def from_lab_params(p):
-    """A lab `SamplingParams` -> vLLM's (same meaning; the seed goes to the engine, not the request)."""
-    return vllm_sampling_params(p.max_tokens, p.temperature, p.top_p, p.top_k, p.ignore_eos, list(p.stop),
-                                list(p.stop_token_ids))
+    """A lab `SamplingParams` -> vLLM's, every field carried over (`vllm_fields`)."""
+    from vllm import SamplingParams
+
+    return SamplingParams(**vllm_fields(p))
 
 
 class VLLMBackend(Backend):

@@ -88,3 +88,22 @@ def test_backend_registry():
         make_backend("nope")
     with pytest.raises(ValueError, match="batch_size"):
         HFBackend("tiny-random", batch_size=0, device="cpu")
+
+
+def test_vllm_backend_carries_every_sampling_field():
+    """A lab SamplingParams becomes vLLM's field by field (no vLLM needed to check the mapping); structured output,
+    which this backend does not pass, is refused by name."""
+    from lab_utils.bench.backends_vllm import vllm_fields
+    from lab_utils.engine.sampling_params import SamplingParams
+
+    p = SamplingParams(max_tokens=7, temperature=0.7, top_p=0.9, top_k=0, seed=3, stop=["\n"], stop_token_ids=[2],
+                       logit_bias={5: -100.0}, min_tokens=2, repetition_penalty=1.2, frequency_penalty=0.5,
+                       presence_penalty=-0.5, logprobs=3, prompt_logprobs=1)
+    f = vllm_fields(p)
+    assert f["top_k"] == -1 and f["seed"] == 3 and f["logit_bias"] == {5: -100.0} and f["min_tokens"] == 2
+    assert (f["repetition_penalty"], f["frequency_penalty"], f["presence_penalty"]) == (1.2, 0.5, -0.5)
+    assert (f["logprobs"], f["prompt_logprobs"], f["stop"], f["stop_token_ids"]) == (3, 1, ["\n"], [2])
+    lab_fields = set(SamplingParams.__dataclass_fields__) - {"structured_output"}
+    assert lab_fields <= set(f), f"fields not passed to vLLM: {lab_fields - set(f)}"
+    with pytest.raises(ValueError, match="structured_output"):
+        vllm_fields(SamplingParams(max_tokens=4, structured_output={"json_object": True}))
