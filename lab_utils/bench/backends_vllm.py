@@ -52,7 +52,7 @@ def vllm_fields(p) -> dict:
                 logit_bias=dict(p.logit_bias) if p.logit_bias else None, min_tokens=p.min_tokens,
                 repetition_penalty=p.repetition_penalty, frequency_penalty=p.frequency_penalty,
                 presence_penalty=p.presence_penalty, logprobs=p.logprobs, prompt_logprobs=p.prompt_logprobs,
-                detokenize=False)
+                detokenize=bool(p.stop))  # vLLM matches stop strings on the text: only then is it decoded
 
 
 def from_lab_params(p):

@@ -2,6 +2,8 @@
 from static and continuous batching and from Hugging Face `generate` with left padding."""
 from __future__ import annotations
 
+import importlib.util
+
 import pytest
 import torch
 
@@ -107,3 +109,8 @@ def test_vllm_backend_carries_every_sampling_field():
     assert lab_fields <= set(f), f"fields not passed to vLLM: {lab_fields - set(f)}"
     with pytest.raises(ValueError, match="structured_output"):
         vllm_fields(SamplingParams(max_tokens=4, structured_output={"json_object": True}))
+    if importlib.util.find_spec("vllm") is not None:  # vLLM's own checks accept them
+        from lab_utils.bench.backends_vllm import from_lab_params
+
+        v = from_lab_params(p)
+        assert v.seed == 3 and v.min_tokens == 2 and v.logprobs == 3 and v.stop == ["\n"]
