@@ -282,7 +282,7 @@ def test_solution_leaks_catches_a_line_given_away():
 
 
 @pytest.fixture(scope="module")
-def learner_copies(tmp_path_factory) -> Path:
+def copies_dir(tmp_path_factory) -> Path:
     """The learner copies as `make lab` and Binder write them."""
     out = tmp_path_factory.mktemp("student")
     write_student_copies(learner_copies.REPO_ROOT / "labs", out, quiet=True)
@@ -290,9 +290,9 @@ def learner_copies(tmp_path_factory) -> Path:
 
 
 @pytest.mark.parametrize("lab", LABS, ids=[p.stem for p in LABS])
-def test_learner_copy_holds_no_solution_text(lab, learner_copies):
+def test_learner_copy_holds_no_solution_text(lab, copies_dir):
     source = nbformat.read(lab, as_version=4)
-    copy = nbformat.read(learner_copies / lab.name, as_version=4)
+    copy = nbformat.read(copies_dir / lab.name, as_version=4)
     assert len(copy.cells) == len(source.cells)
     assert exercise_cells(source), f"{lab.name} has no exercise"
     text = "\n".join(c.source for c in copy.cells)
@@ -327,7 +327,7 @@ def test_make_lab_binder_and_readme_point_at_the_learner_copies():
 # ------------------------------------------------------------- a wrong part injected into a lab (for its tests)
 def test_inject_solution_replaces_one_region_and_keeps_the_rest():
     nb = synthetic_lab()
-    i = student.inject_solution(nb, "def rope", "half = 0\nreturn x  # wrong on purpose\n")
+    i = learner_copies.inject_solution(nb, "def rope", "half = 0\nreturn x  # wrong on purpose\n")
     assert i == 3
     src = nb.cells[3].source
     assert "    half = 0\n    return x  # wrong on purpose\n    ### END SOLUTION" in src
@@ -335,9 +335,9 @@ def test_inject_solution_replaces_one_region_and_keeps_the_rest():
     ns: dict = {}
     exec(compile(src, "<lab>", "exec"), ns)
     assert ns["rope"](5, None, None) == 5
-    two = student.replace_solution(nb.cells[5].source, "return 20", region=1)
+    two = learner_copies.replace_solution(nb.cells[5].source, "return 20", region=1)
     assert "return 1\n" in two and "        return 20\n" in two and "return 2\n" not in two
     with pytest.raises(IndexError, match="no region 2"):
-        student.replace_solution(nb.cells[5].source, "x", region=2)
+        learner_copies.replace_solution(nb.cells[5].source, "x", region=2)
     with pytest.raises(ValueError, match="0 exercise cells contain"):
-        student.inject_solution(nb, "def nowhere", "pass")
+        learner_copies.inject_solution(nb, "def nowhere", "pass")
