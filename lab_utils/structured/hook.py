@@ -95,8 +95,7 @@ def build_grammar(compiler, so: StructuredOutputParams):
     """`so` compiled by an xgrammar GrammarCompiler (the library's own errors pass through)."""
     c, kind = compiler, so.kind
     if kind in ("json", "json_object"):
-        # json_object: any object, narrowed like a client's schema (schema.py) so that no key is ever repeated
-        schema = so.json if kind == "json" else prepare_schema({"type": "object"})
+        schema = so.json if kind == "json" else {"type": "object"}
         text = schema if isinstance(schema, str) else json.dumps(schema)
         strict = so.disable_any_whitespace
         return c.compile_json_schema(text, any_whitespace=not strict, separators=(",", ":") if strict else None)

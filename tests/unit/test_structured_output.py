@@ -250,29 +250,3 @@ def test_smollm2_task_set_is_100_percent_valid_when_constrained(smollm2):
     outs = eng.generate(prompts, [SamplingParams(max_tokens=96, structured_output=_so(t)) for t in tasks])
     bad = [(t.task_id, o.text, o.finish_reason) for o, t in zip(outs, tasks) if not schema_valid(o.text, t.schema)]
     assert not bad, bad
-
-
-# ------------------------------------------------------------------------------------------ json_object
-def _no_duplicate_keys(pairs):
-    keys = [k for k, _ in pairs]
-    assert len(keys) == len(set(keys)), f"a key is repeated: {keys}"
-    return dict(pairs)
-
-
-def test_json_object_never_repeats_a_key(tiny64):
-    """response_format json_object: the grammar refuses a repeated key, and sampled outputs (temperature 1,
-    seeded) are JSON objects without one."""
-    from lab_utils.structured.hook import GrammarCompiler
-
-    model, tok = tiny64
-    gc = GrammarCompiler(tok, model.config.vocab_size, [tok.eos_token_id or 0])
-    compiled = gc.compile(StructuredOutputParams(json_object=True, disable_any_whitespace=True))
-    for repeated in ('{"a":1,"a"', '{"a":1, "a"', '{"a":{"b":1, "b"'):
-        assert not gc.matcher(compiled).accept_string(repeated)
-    params = [SamplingParams(max_tokens=60, temperature=1.0, seed=i,
-                             structured_output={"json_object": True, "disable_any_whitespace": True})
-              for i in range(8)]
-    _, outs = _run(tiny64, _prompts(8, seed=5), params, block_size=4, num_gpu_blocks=400)
-    for out in outs:
-        assert out.finish_reason == "stop", out.text
-        assert isinstance(json.loads(out.text, object_pairs_hook=_no_duplicate_keys), dict)
