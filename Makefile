@@ -95,7 +95,7 @@ test: setup
 # the numeric tests again with both forced to AVX2 (ATEN_CPU_CAPABILITY; the kernels build an avx2 variant).
 NUMERIC_TESTS := tests/unit/test_small_m_linear.py tests/unit/test_cpu_attention.py tests/unit/test_cpu_linear.py \
 	tests/unit/test_engine_quant.py tests/unit/test_paged_attention.py tests/unit/test_quant_linear.py \
-	tests/unit/test_quant_formats.py tests/unit/test_teacher_forced.py
+	tests/unit/test_quant_formats.py tests/unit/test_teacher_forced.py tests/unit/test_engine_golden.py
 test-avx2: $(STAMP)
 	@if grep -qw avx512f /proc/cpuinfo 2>/dev/null; then \
 	  ATEN_CPU_CAPABILITY=avx2 $(PY) -c "import torch, sys; c = torch.backends.cpu.get_cpu_capability(); print('forced CPU capability:', c); sys.exit(c != 'AVX2')" && \

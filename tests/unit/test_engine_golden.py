@@ -7,7 +7,9 @@ Regenerate (only when a change is *meant* to change outputs, and say why in the 
 Every feature the step runs is exercised: the three schedulers, the contiguous layout, prefix caching, chunked
 prefill, both preemption modes, int8/fp8 KV, weight quantization, speculative decoding (n-gram and draft),
 structured output, logit bias and seeded sampling. A different CPU may part at a near-tie of fp32 (AVX2 vs
-AVX-512 sum in another order), so a difference is judged with the near-tie rule of `checks.teacher_forced`."""
+AVX-512 sum in another order), so a difference is judged with the near-tie rule of `checks.teacher_forced`, and
+for the quantized configurations with the quantization's wider tolerance (`QUANTIZED`). `make test-avx2` runs
+this file with the AVX2 kernels forced."""
 from __future__ import annotations
 
 import json
@@ -17,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from lab_utils import EngineConfig, LLMEngine, SamplingParams
-from lab_utils.checks.teacher_forced import compare_greedy_runs
+from lab_utils.checks.teacher_forced import compare_greedy_runs, score
 from lab_utils.engine.config import SpecConfig
 
 GOLDEN = Path(__file__).parents[1] / "data" / "engine_golden.json"
@@ -50,6 +52,9 @@ CONFIGS = {
                                                      num_speculative_tokens=3, quantization="int8")),
 }
 MAX_TOKENS = 24
+# configurations whose logits differ from fp32's by quantization: a parting from the recorded output is judged
+# with this tolerance on the fp32 model's logits (AVX2 vs AVX-512 rounding moved int8/fp8 KV partings ~0.03)
+QUANTIZED = {"kv_int8": 0.1, "kv_fp8": 0.1, "weights_int8": 0.1}
 
 
 def _run(model, name: str) -> dict[str, list[int]]:
@@ -105,5 +110,24 @@ def test_greedy_outputs_unchanged(runs, smollm2, name):
         # constrained, biased or sampled rows: the plain model's near-tie does not describe them; must be equal
         # unless the greedy reference itself parted (then the plain runs above say so too)
         assert got == ref, f"{name}: outputs changed: {got} vs recorded {ref}"
+    if name in QUANTIZED:
+        # the quantized path's logits sit up to a few hundredths from fp32's, and another CPU's rounding decides
+        # which side of a close pair it lands on: judged against the plain model with the quantization's tolerance
+        prompts = _prompt_ids(tok, name)
+        for rid in got:
+            ok, gap = _same_or_close(model, prompts[rid], got[rid], ref[rid], QUANTIZED[name])
+            assert ok, (f"{name}: request {rid} parted from the recorded output where the fp32 model's two "
+                        f"candidates lie {gap:.3g} apart (more than {QUANTIZED[name]})")
+        return
     verdict = compare_greedy_runs(model, _prompt_ids(tok, name), got, ref)
     assert verdict.ok, f"{name}: {verdict.describe()}"
+
+
+def _same_or_close(model, prompt: list[int], a: list[int], b: list[int], tol: float) -> tuple[bool, float]:
+    """Identical, or parting first where the model's two candidates lie within `tol` of each other."""
+    k = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None)
+    if k is None:
+        return len(a) == len(b), 0.0 if len(a) == len(b) else float("inf")
+    logits = score(model, list(prompt) + list(a[:k]))[-1]
+    gap = abs(float(logits[a[k]] - logits[b[k]]))
+    return gap <= tol, gap
