@@ -323,7 +323,7 @@ class LLMEngine:
         hook's verify) -> commit full blocks -> append tokens and check stops. Returns an output for every
         request that produced a token or ended in this step (streaming clients read `new_token_ids`)."""
         self._check_open()
-        outputs, self._pending_outputs = self._pending_outputs, []
+        outputs = self.take_pending_outputs()  # aborts and rejections since the last step
         sched = self.scheduler.schedule()
         if not sched.scheduled:
             self._check_progress()
