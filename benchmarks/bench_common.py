@@ -20,4 +20,10 @@ def machine() -> dict:
                 break
     except OSError:
         pass
+    try:  # the vector width PyTorch's kernels run (AVX2, AVX512): kernel choices and speeds depend on it
+        import torch
+
+        info["cpu_capability"] = torch.backends.cpu.get_cpu_capability()
+    except ImportError:
+        pass
     return info

@@ -10,7 +10,14 @@ from torch import nn
 from lab_utils import load_model
 from lab_utils.engine.accel.cpu_fused import FusedPackedLinear
 from lab_utils.engine.accel.cpu_kernels import cpu_kernels, cpu_kernels_status
-from lab_utils.engine.accel.cpu_linear import SMALL_M_MAX_ROWS, PackedLinear, small_m_rows
+from lab_utils.engine.accel.cpu_linear import (
+    INT8_SMALL_M_MAX_ROWS,
+    LIMITS,
+    SMALL_M_MAX_ROWS,
+    PackedLinear,
+    linear_limits,
+    small_m_rows,
+)
 from lab_utils.engine.accel.cpu_view import fast_linears
 from lab_utils.checks.teacher_forced import assert_same_up_to_rounding
 
@@ -102,6 +109,27 @@ def test_small_m_rows_only_where_it_applies(monkeypatch):
     assert small_m_rows(64) == SMALL_M_MAX_ROWS
 
 
+def test_kernel_limits_follow_the_cpus_vector_width(monkeypatch):
+    """Measured per vector width (benchmarks/small_m_gemm.py): with AVX-512 oneDNN's GEMM overtakes the small-M
+    kernel past 8 rows and MKL never wins; with AVX2 the kernel wins to 64 rows and MKL from 96 rows a thread.
+    A CPU measured on neither gets the AVX2 figures; INT8 layers keep their own limit on every CPU."""
+    import lab_utils.engine.accel.cpu_linear as cl
+
+    assert linear_limits("AVX512").small_m_max_rows == 8 and linear_limits("AVX2").small_m_max_rows == 64
+    assert linear_limits("DEFAULT") == LIMITS["AVX2"]
+    assert linear_limits() == LIMITS.get(torch.backends.cpu.get_cpu_capability(), LIMITS["AVX2"])
+    for cap, limits in LIMITS.items():
+        monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda cap=cap: cap)
+        assert small_m_rows(64) == limits.small_m_max_rows
+        assert small_m_rows(64, int8=True) == INT8_SMALL_M_MAX_ROWS
+        threads = torch.get_num_threads()
+        assert PackedLinear.min_rows_for_mkl(576) == limits.mkl_min_rows_per_thread * threads
+        assert PackedLinear.min_rows_for_mkl(49152) == limits.mkl_min_rows_per_thread_wide * threads
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX512")
+    assert not PackedLinear.plain_path(torch.zeros(4096, 8), 8, PackedLinear.min_rows_for_mkl(8))
+    assert cl.NEVER > 1 << 30
+
+
 def test_view_is_rebuilt_when_the_small_m_switch_changes(monkeypatch):
     model, _ = load_model("tiny-random", device="cpu", dtype=torch.float32)
     cpu = torch.device("cpu")
@@ -151,7 +179,7 @@ def test_int8_kernel_rejects_bad_input_by_name():
 
 
 @needs_kernel
-@pytest.mark.parametrize("rows", [1, 5, SMALL_M_MAX_ROWS + 1])
+@pytest.mark.parametrize("rows", [1, 5, INT8_SMALL_M_MAX_ROWS + 1])
 def test_packed_view_runs_int8_linears_through_the_kernel(rows):
     """A quantized model's packed view is fused like an fp32 one (q/k/v and gate/up as one INT8 kernel call each)
     and wraps its other Int8Linears (few rows: the kernel, else their own forward); same outputs as the quantized
@@ -264,7 +292,7 @@ def test_w8a8_kernel_rejects_bad_input_by_name():
 
 
 @needs_kernel
-@pytest.mark.parametrize("rows", [1, 5, SMALL_M_MAX_ROWS + 1])
+@pytest.mark.parametrize("rows", [1, 5, INT8_SMALL_M_MAX_ROWS + 1])
 def test_packed_view_runs_w8a8_linears_through_the_kernel(rows):
     """A W8A8 model's packed view: fused q/k/v and gate/up on the W8A8 kernel, its other linears wrapped; the
     W8A8 model's outputs (its reference forward: dequantize x, then a float matmul). Not to float round-off, as

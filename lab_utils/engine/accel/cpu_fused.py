@@ -83,7 +83,7 @@ class FusedInt8Linear(nn.Module):
         self.qweights = [lin.qweight for lin in linears]
         self.scale = torch.cat([lin.scale for lin in linears])  # tiny: one float per output row
         self.in_features = linears[0].in_features
-        self.small_m_rows, self.kernels = small_m_rows(self.in_features, small_m), kernels
+        self.small_m_rows, self.kernels = small_m_rows(self.in_features, small_m, int8=True), kernels
         self.w8a8 = type(linears[0]) is W8A8Linear  # (`fusable` makes them all one kind)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -22,6 +22,8 @@ The compiled kernels' switches reach each layer here as `small_m` (an engine's `
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch import nn
 
@@ -44,8 +46,8 @@ def packed_linear_available(device: torch.device, dtype: torch.dtype) -> bool:
 # With the small-M kernel below taking up to 64 rows (benchmarks/small_m_gemm.py): on 2 threads oneDNN
 # is 7% ahead of MKL at 128 rows (231 vs 247 ms for all of SmolLM2's linears) and 4% behind at 192; on 1 thread
 # level at 96, MKL 3% ahead at 128.
-MKL_MIN_ROWS_PER_THREAD = 96
-MKL_MIN_ROWS_PER_THREAD_WIDE = 512
+# On an AVX-512 CPU (a 2-core Xeon VM) oneDNN runs its AVX-512 kernels and MKL never catches up: 143 vs 335 ms
+# at 192 rows on 2 threads, 533 vs 1223 ms at 384 rows on 1 thread; there the plain path is never taken.
 WIDE_OUTPUT = 16384
 
 
@@ -53,16 +55,46 @@ WIDE_OUTPUT = 16384
 # (`csrc/small_m_linear.cpp`: each weight row read once, straight from the model's layout, into all rows of x)
 # beats oneDNN's packed GEMM on the 2-core AVX2 VM (benchmarks/small_m_gemm.py, SmolLM2's linears): 2 threads
 # 1.21x at 1 row, 1.27-1.31x at 2-8, 1.20x at 16, 1.09x at 64, level at 128; 1 thread 1.10x at 1 row, 1.04x at 64.
+# On an AVX-512 CPU oneDNN's AVX-512 GEMM is level with the kernel up to 8 rows (2 threads 1.06x at 1 row, 0.94x
+# at 8) and well ahead beyond (0.63x at 16, 0.62x at 64, 0.55x at 128): the kernel stops at 8 rows there.
+# The INT8 kernels read a quarter of the bytes and have no oneDNN rival; they keep the AVX2 limit everywhere.
 # `cpu_small_m_linear=False` (LAB_CPU_SMALL_M_LINEAR=0) turns it off (A/B); it needs in_features % 8 == 0 and an
 # AVX2 build.
-SMALL_M_MAX_ROWS = 64
 
 
-def small_m_rows(in_features: int, small_m: bool | None = None) -> int:
-    """Up to how many rows a packed linear tries the compiled small-M kernel (used only while `cpu_kernels()` is
-    built and not switched off; else oneDNN as before)."""
+@dataclass(frozen=True)
+class LinearLimits:
+    """Which kernel a float32 linear runs, by rows of input, on one kind of CPU (benchmarks/small_m_gemm.py)."""
+
+    small_m_max_rows: int  # up to this many rows: the compiled small-M kernel
+    mkl_min_rows_per_thread: int  # from this many rows per thread: MKL's plain GEMM (F.linear)
+    mkl_min_rows_per_thread_wide: int  # the same for a vocabulary-sized output (the lm head)
+
+
+NEVER = 1 << 40
+LIMITS = {
+    "AVX2": LinearLimits(64, 96, 512),
+    "AVX512": LinearLimits(8, NEVER, NEVER),
+}
+INT8_SMALL_M_MAX_ROWS = 64
+
+
+def linear_limits(capability: str | None = None) -> LinearLimits:
+    """The limits measured for this CPU's vector width (`torch.backends.cpu.get_cpu_capability()`, which
+    ATEN_CPU_CAPABILITY=avx2 forces down); a CPU measured on neither uses the AVX2 figures."""
+    capability = capability or torch.backends.cpu.get_cpu_capability()
+    return LIMITS.get(capability, LIMITS["AVX2"])
+
+
+SMALL_M_MAX_ROWS = linear_limits().small_m_max_rows
+
+
+def small_m_rows(in_features: int, small_m: bool | None = None, int8: bool = False) -> int:
+    """Up to how many rows a packed linear (an INT8 one if `int8`) tries the compiled small-M kernel (used only
+    while `cpu_kernels()` is built and not switched off; else oneDNN as before)."""
     on = cpu_switch_default("cpu_small_m_linear") if small_m is None else small_m
-    return SMALL_M_MAX_ROWS if in_features % 8 == 0 and on else 0
+    rows = INT8_SMALL_M_MAX_ROWS if int8 else linear_limits().small_m_max_rows
+    return rows if in_features % 8 == 0 and on else 0
 
 
 def small_m_kernel(kernels: bool | None = None):
@@ -83,7 +115,7 @@ def int8_small_m_kernel(x: torch.Tensor, max_numel: int, w8a8: bool, kernels: bo
 
 class PackedLinear(nn.Module):
     """An `nn.Linear` (no bias or with bias) whose weight is reordered once for oneDNN; a few rows go to the
-    compiled small-M kernel where it is built (`SMALL_M_MAX_ROWS`), the row counts where MKL is faster (a large
+    compiled small-M kernel where it is built (`LinearLimits`), the row counts where MKL is faster (a large
     prefill chunk) to the plain `F.linear` on the shared weight."""
 
     def __init__(self, linear: nn.Linear, small_m: bool | None = None, kernels: bool | None = None) -> None:
@@ -98,13 +130,15 @@ class PackedLinear(nn.Module):
 
     @staticmethod
     def min_rows_for_mkl(out_features: int) -> int:
-        """From how many rows of input MKL's plain GEMM beats the packed kernel (see MKL_MIN_ROWS_PER_THREAD)."""
-        per_thread = MKL_MIN_ROWS_PER_THREAD_WIDE if out_features >= WIDE_OUTPUT else MKL_MIN_ROWS_PER_THREAD
+        """From how many rows of input MKL's plain GEMM beats the packed kernel (`LinearLimits`)."""
+        limits = linear_limits()
+        wide = out_features >= WIDE_OUTPUT
+        per_thread = limits.mkl_min_rows_per_thread_wide if wide else limits.mkl_min_rows_per_thread
         return per_thread * torch.get_num_threads()
 
     @staticmethod
     def plain_path(x: torch.Tensor, in_features: int, mkl_min_rows: int) -> bool:
-        """Whether `x` goes to plain `F.linear`: enough rows for MKL (MKL_MIN_ROWS_PER_THREAD), training, dtypes."""
+        """Whether `x` goes to plain `F.linear`: enough rows for MKL (`LinearLimits`), training, dtypes."""
         return x.dtype != torch.float32 or x.requires_grad or x.numel() // in_features >= mkl_min_rows
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -129,7 +163,7 @@ class SmallMInt8Linear(nn.Module):
         super().__init__()
         self.inner = linear  # shares qweight / scale / bias with the source model
         self.in_features, self.out_features = linear.in_features, linear.out_features
-        self.small_m_rows, self.kernels = small_m_rows(self.in_features, small_m), kernels
+        self.small_m_rows, self.kernels = small_m_rows(self.in_features, small_m, int8=True), kernels
         self.w8a8 = type(linear) is W8A8Linear
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
