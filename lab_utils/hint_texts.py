@@ -125,18 +125,28 @@ HINTS: dict[str, tuple[str, str, str]] = {
         "→ True",
     ),
     "02.preempt": (
-        "Undo the admission so that the request can come back later and recompute from its tokens: out of the "
-        "batch, its memory given back, its progress reset, and back at the head of the queue (it was admitted "
-        "before everyone still waiting). Two counters record that it happened.",
+        "Undo the admission so that the request can come back later: out of the batch, its memory given back, "
+        "and back at the head of the queue (it was admitted before everyone still waiting); two counters record "
+        "that it happened. What it keeps depends on the engine's preemption mode: recompute forgets the work done "
+        "and redoes it from the tokens; swap keeps the work, so its KV has to be copied somewhere else before "
+        "the blocks that hold it are handed to others.",
         "1. Take req out of the running list.\n"
         "2. Count the preemption on the scheduler and in the request's own metrics.\n"
-        "3. Free its blocks through the block manager (which releases each one).\n"
-        "4. Its computed-token count goes back to zero (its KV is gone) and its status back to waiting.\n"
-        "5. Put it at the front of the waiting deque, not at the back.",
+        "3. Look at the engine's configuration: which preemption mode is it?\n"
+        "4. Swap: first have the scheduler's swap-out hook copy req's KV to host memory (it reads req's blocks), "
+        "then free the blocks through the block manager; the computed-token count stays, the status becomes "
+        "swapped.\n"
+        "5. Recompute: free the blocks through the block manager; the computed-token count goes back to zero (its "
+        "KV is gone) and the status back to waiting.\n"
+        "6. Either way, put it at the front of the waiting deque, not at the back.",
         "running ← running without req\n"
         "scheduler's preemption count + 1;   req's metrics preemption count + 1\n"
-        "the block manager frees everything req holds\n"
-        "req: computed tokens ← 0,  status ← WAITING\n"
+        "mode is swap →\n"
+        "    copy req's KV to host memory (the swap-out hook)      ← while req still holds its blocks\n"
+        "    the block manager frees everything req holds;   status ← SWAPPED   (computed tokens stay)\n"
+        "otherwise →\n"
+        "    the block manager frees everything req holds\n"
+        "    req: computed tokens ← 0,  status ← WAITING\n"
         "waiting ← req ahead of everyone",
     ),
     "02.slot_mapping": (
@@ -671,5 +681,27 @@ HINTS: dict[str, tuple[str, str, str]] = {
         "for each token t, in order:\n"
         "    the matcher refuses t → False\n"
         "→ True",
+    ),
+    # ------------------------------------------------------------------------------------------- lab 14
+    "14.promote": (
+        "The tier answers only for the exact block (name and tokens) and hands its copy over once; the device "
+        "block it lands in must come from somewhere that is not this prompt's own prefix, and afterwards it must "
+        "look like any cached block nobody uses yet.",
+        "1. No tier, or the tier does not hold this name with these tokens: nothing to promote.\n"
+        "2. With no free block, the new one would push out a cached block: the prompt's earlier blocks (in hits) "
+        "must not be that one. Give up if only they are cached; else make them the newest in the LRU order.\n"
+        "3. Take the entry out of the tier first (a full tier may drop entries when the device evicts), then a "
+        "device block, and copy the saved K/V into it.\n"
+        "4. Give the block its name and tokens, no references, a place in the name table and the newest place in "
+        "the LRU order; return it.",
+        "tier missing, or it lacks ⟨name, ids⟩ → nothing\n"
+        "no free block:\n"
+        "    cached prefix blocks ← those of hits that are cached\n"
+        "    every cached block is one of them → nothing\n"
+        "    move each of them to the newest end of the LRU order\n"
+        "saved ← the tier's entry, taken out (the tier tells its policy)\n"
+        "b ← a fresh device block;  restore saved into b\n"
+        "b gets name and ids, zero references; the name table points at b; b is the newest cached block\n"
+        "answer b",
     ),
 }

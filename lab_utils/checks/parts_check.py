@@ -131,6 +131,13 @@ def _step_accepted(sched: Scheduler, result: object, attr: str) -> None:
     sched.running = [r for r in sched.running if not r.status.done]
 
 
+def _promote_cases(fn: Callable, trials: int, seed: int) -> int:
+    """`promote(self, name, ids, hits)` (lab 14) on random pools with a host tier (`lab14.promote_cases`)."""
+    from lab_utils.checks import lab14
+
+    return lab14.promote_cases(fn, trials, seed)
+
+
 # -- how each part is checked ----------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class PartCheck:
@@ -161,6 +168,7 @@ PART_CHECKS: dict[str, PartCheck] = {
     ]},
     "engine.stop_reason": PartCheck(cases=_stop_reason_cases),
     "attention.slot_mapping": PartCheck(cases=_slot_mapping_cases),
+    "block_manager.promote": PartCheck(cases=_promote_cases),
 }
 
 

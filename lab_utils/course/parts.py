@@ -79,7 +79,8 @@ PARTS: dict[str, Part] = {p.name: p for p in [
     Part("scheduler.make_room", "02", "(self, req, num_tokens, out) -> bool",
          "grow req to num_tokens, preempting the newest running request until it fits; False if req gave way"),
     Part("scheduler.preempt", "02", "(self, req) -> None",
-         "recompute preemption: off the batch, blocks freed, progress reset, to the front of the queue"),
+         "preemption: off the batch, blocks freed, to the front of the queue; recompute resets the progress, "
+         "swap (preemption_mode) copies the KV out first (swap_out) and keeps it"),
     Part("attention.slot_mapping", "02", "(block_tables, context_lens, query_lens, block_size) -> list[int]",
          "the cache slot of every token computed in this step, in step order", carry=False),
     # lab 03: chunked prefill under a token budget
@@ -149,6 +150,10 @@ PARTS: dict[str, Part] = {p.name: p for p in [
     Part("server.stream_sse", "12", "(outputs, to_chunk, abort) -> AsyncIterator[str]",
          "the server's streaming loop: one SSE event per engine output, then [DONE]; abort() if the client left",
          ref="lab_utils.server.streaming:stream_sse"),
+    # lab 14: the host KV tier under the prefix cache
+    Part("block_manager.promote", "14", "(self, name, ids, hits) -> int | None",
+         "the device misses block `name` but the host tier holds it: copy it into a device block, named and "
+         "cached as if it had never left (never evicting one of `hits`); None when it cannot"),
 ]}
 
 

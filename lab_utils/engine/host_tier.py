@@ -136,7 +136,13 @@ class HostTier:
         if nbytes > self.capacity_bytes:
             return
         while self.bytes_used + nbytes > self.capacity_bytes:
-            self._remove(self.policy.victim())
+            victim = self.policy.victim()
+            if victim not in self.entries:  # else the loop would drop nothing, forever
+                raise RuntimeError(f"the host tier's eviction policy {type(self.policy).__name__} chose {victim!r}, "
+                                   f"an entry the tier does not hold: an entry leaves the tier only through "
+                                   f"offload, take or a drop, and each tells the policy (removed); a block taken "
+                                   f"out of tier.entries directly leaves the policy a stale name")
+            self._remove(victim)
             self.dropped += 1
         self.entries[name] = Entry(token_ids, saved, nbytes)
         self.bytes_used += nbytes

@@ -245,3 +245,15 @@ def test_other_learner_block_manager_parts_run_with_the_tier(tiny64):
                      for p in [prompts[0], *others, prompts[1]]])
         eng.block_manager.check_all_free()
     assert outs[0] == outs[1] and eng.stats()["host_tier_hits"] >= 6 and parts.calls["block_manager.recycle"]
+
+
+def test_a_policy_that_names_an_entry_the_tier_lacks_is_stopped():
+    """A policy left with a stale name (an entry taken out of `entries` behind its back) would make the tier drop
+    nothing, forever: the tier refuses it, naming the policy."""
+    store = {0: {"kv": torch.zeros(4)}, 1: {"kv": torch.ones(4)}}
+    tier = HostTier(16, lambda b: {k: v.clone() for k, v in store[b].items()}, lambda b, s: None, LRUPolicy())
+    tier.offload(0, "a", (1,))
+    tier.entries.pop("a")  # behind the policy's back
+    tier.bytes_used = 16
+    with pytest.raises(RuntimeError, match="LRUPolicy chose 'a'"):
+        tier.offload(1, "b", (2,))
