@@ -137,6 +137,39 @@ def _not_front(ev: Evidence) -> bool:
     return ev.ref["waiting"][:1] == [rid] and rid in ev.you["waiting"] and ev.you["waiting"][:1] != [rid]
 
 
+_HOST_COPY = "host copy (req.swapped_kv: the blocks swap_out copied)"
+
+
+def _swap_state(ev: Evidence, who: str) -> tuple[str | None, int | None, list | None]:
+    """The victim's status, computed tokens and host copy after a swap-mode preemption (yours or the reference's)."""
+    snap, rid = (ev.ref if who == "ref" else ev.you), ev.you_call.req_id
+    return snap["status"].get(rid), snap["num_computed_tokens"].get(rid), snap[_HOST_COPY].get(rid)
+
+
+def _swap_ignored(ev: Evidence) -> bool:
+    status, _, _ = _swap_state(ev, "ref")
+    you_status, _, you_copy = _swap_state(ev, "you")
+    return status == "swapped" and you_status == "waiting" and you_copy is None
+
+
+def _freed_before_swap(ev: Evidence) -> bool:
+    _, _, ref_copy = _swap_state(ev, "ref")
+    _, _, you_copy = _swap_state(ev, "you")
+    return bool(ref_copy) and you_copy == []
+
+
+def _swapped_not_marked(ev: Evidence) -> bool:
+    status, _, ref_copy = _swap_state(ev, "ref")
+    you_status, _, you_copy = _swap_state(ev, "you")
+    return status == "swapped" and you_status != "swapped" and you_copy == ref_copy
+
+
+def _swapped_and_reset(ev: Evidence) -> bool:
+    status, computed, _ = _swap_state(ev, "ref")
+    you_status, you_computed, you_copy = _swap_state(ev, "you")
+    return status == you_status == "swapped" and computed and you_computed == 0 and you_copy is not None
+
+
 def _still_running(ev: Evidence) -> bool:
     return ev.you_call.req_id in ev.you["running"] and ev.you_call.req_id not in ev.ref["running"]
 
@@ -350,6 +383,20 @@ MISTAKES: dict[str, tuple[Diagnoser, ...]] = {
                   "succeeds or req itself gave way"),
     ),
     "scheduler.preempt": (
+        Diagnoser("preempt_swap_mode", _swap_ignored,
+                  "with swap preemption (self.config.preemption_mode == \"swap\") the request keeps its progress: "
+                  "self.swap_out(req) copies its KV to host memory, its num_computed_tokens stays and its status is "
+                  "Status.SWAPPED; only recompute preemption starts over"),
+        Diagnoser("preempt_swap_order", _freed_before_swap,
+                  "swap out before you free: self.swap_out(req) copies the KV from the blocks in req.block_table, and "
+                  "self.bm.free(req) empties that table (the host copy would hold nothing, or, once the blocks are "
+                  "reused, another request's tokens)"),
+        Diagnoser("preempt_swap_status", _swapped_not_marked,
+                  "a swapped-out request is Status.SWAPPED: start() swaps its KV back in only for that status (as "
+                  "WAITING it would be admitted as a fresh prompt, its host copy never read)"),
+        Diagnoser("preempt_swap_keeps", _swapped_and_reset,
+                  "a swapped-out request keeps req.num_computed_tokens: its KV comes back from host memory, nothing is "
+                  "recomputed"),
         Diagnoser("preempt_off_batch", _still_running,
                   "take the request off the batch: self.running.remove(req)"),
         Diagnoser("preempt_free", _not_freed,

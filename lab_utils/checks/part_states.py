@@ -40,11 +40,10 @@ _POLICY = {"scheduler.schedule_continuous": "continuous", "scheduler.schedule_to
 
 def settings(name: str) -> list[Setting]:
     """Every setting the engine runs part `name` in. The lab-01 step runs whole prompts only (later labs' chunked
-    runs use the token-budget step); `preempt` is checked in recompute mode only: lab 02 teaches the recompute
-    kind, and no lab runs the learner's parts with swap preemption."""
+    runs use the token-budget step); every part meets both kinds of preemption (`EngineConfig.preemption_mode`:
+    recompute, swap)."""
     policies = [_POLICY[name]] if name in _POLICY else ["continuous", "token_budget"]
-    modes = ["recompute"] if name == "scheduler.preempt" else ["recompute", "swap"]
-    return [Setting(p, c, m) for c in (False, True) for m in modes for p in policies]
+    return [Setting(p, c, m) for c in (False, True) for m in ("recompute", "swap") for p in policies]
 
 
 # -- random states, driven by the reference -------------------------------------------------------------
@@ -77,8 +76,17 @@ def _advance(sched: Scheduler, out: SchedulerOutput, rng: random.Random) -> None
 
 
 def _swap_out(req: Request) -> None:
-    """Swap preemption without a KV cache: the host copy is a record of the blocks it came from."""
+    """Swap preemption without a KV cache: the host copy is a record of the blocks it came from (none when the
+    blocks were freed before the copy)."""
     req.swapped_kv = ("host copy of", tuple(req.block_table))
+
+
+def host_copy(req: Request) -> list[int] | None:
+    """The blocks `req`'s host copy was taken from (`_swap_out`'s record), None when it is not swapped out."""
+    kv = req.swapped_kv
+    if kv is None:
+        return None
+    return list(kv[1]) if isinstance(kv, tuple) and kv[:1] == ("host copy of",) else []
 
 
 def _swap_in(req: Request) -> None:
@@ -127,7 +135,7 @@ def snapshot(sched: Scheduler) -> dict:
         "num_computed_tokens": {k: r.num_computed_tokens for k, r in reqs.items()},
         "block_tables": {k: list(r.block_table) for k, r in reqs.items()},
         "req.metrics.preemptions": {k: r.metrics.preemptions for k, r in reqs.items()},
-        "swapped out (req.swapped_kv is set)": {k: r.swapped_kv is not None for k, r in reqs.items()},
+        "host copy (req.swapped_kv: the blocks swap_out copied)": {k: host_copy(r) for k, r in reqs.items()},
         "free blocks (free_ids)": sorted(bm.free_ids),
         "cached blocks (evictable, LRU order)": list(bm.evictable),
         "hash_to_block": dict(bm.hash_to_block),

@@ -307,72 +307,105 @@ def room_one_victim(self, req, num_tokens, out):
     return victim is not req and self.bm.grow(req, num_tokens)
 
 
+def _preempt(self, req, *, off_batch=True, count_sched=True, count_req=True, free=True, reset=True, front=True,
+             swap=True, swap_first=True, swapped_status=True, swap_keeps=True, count_req_on_swap=True):
+    """Preemption (recompute, and swap when the engine is set to it) with one switch turned the wrong way (for
+    the entries below)."""
+    if off_batch:
+        self.running.remove(req)
+    if count_sched:
+        self.num_preemptions += 1
+    if count_req:
+        req.metrics.preemptions += 1
+    if swap and self.config.preemption_mode == "swap":
+        if not count_req_on_swap:
+            req.metrics.preemptions -= 1
+        if swap_first:
+            self.swap_out(req)
+        self.bm.free(req)
+        if not swap_first:
+            self.swap_out(req)
+        if not swap_keeps:
+            req.num_computed_tokens = 0
+        req.status = Status.SWAPPED if swapped_status else Status.WAITING
+    else:
+        if free:
+            self.bm.free(req)
+        else:
+            req.block_table = []
+        if reset:
+            req.num_computed_tokens = 0
+        req.status = Status.WAITING
+    if front:
+        self.waiting.appendleft(req)
+    else:
+        self.waiting.append(req)
+
+
 @mistake("scheduler.preempt", "req.metrics.preemptions", "preempt_request_count")
 def preempt_uncounted(self, req):
     """Counts the preemption on the scheduler only (tester)."""
-    self.running.remove(req)
-    self.num_preemptions += 1
-    self.bm.free(req)
-    req.num_computed_tokens = 0
-    req.status = Status.WAITING
-    self.waiting.appendleft(req)
+    _preempt(self, req, count_req=False)
 
 
 @mistake("scheduler.preempt", "self.num_preemptions", "preempt_count")
 def preempt_counts_request_only(self, req):
     """Counts the preemption on the request only."""
-    self.running.remove(req)
-    req.metrics.preemptions += 1
-    self.bm.free(req)
-    req.num_computed_tokens = 0
-    req.status = Status.WAITING
-    self.waiting.appendleft(req)
+    _preempt(self, req, count_sched=False)
 
 
 @mistake("scheduler.preempt", "front of the queue", "preempt_front")
 def preempt_to_the_back(self, req):
     """Sends the victim to the back of the queue."""
-    self.running.remove(req)
-    self.num_preemptions += 1
-    req.metrics.preemptions += 1
-    self.bm.free(req)
-    req.num_computed_tokens = 0
-    req.status = Status.WAITING
-    self.waiting.append(req)
+    _preempt(self, req, front=False)
 
 
 @mistake("scheduler.preempt", "starts over", "preempt_reset")
 def preempt_keeps_progress(self, req):
     """Frees the blocks but keeps num_computed_tokens: the KV it claims is gone."""
-    self.running.remove(req)
-    self.num_preemptions += 1
-    req.metrics.preemptions += 1
-    self.bm.free(req)
-    req.status = Status.WAITING
-    self.waiting.appendleft(req)
+    _preempt(self, req, reset=False)
 
 
 @mistake("scheduler.preempt", "self.running.remove(req)", "preempt_off_batch")
 def preempt_stays_running(self, req):
     """Frees and requeues the request but leaves it in self.running."""
-    self.num_preemptions += 1
-    req.metrics.preemptions += 1
-    self.bm.free(req)
-    req.num_computed_tokens = 0
-    req.status = Status.WAITING
-    self.waiting.appendleft(req)
+    _preempt(self, req, off_batch=False)
 
 
 @mistake("scheduler.preempt", "self.bm.free(req)", "preempt_free")
 def preempt_forgets_blocks(self, req):
     """Empties the block table without releasing the blocks: they leak."""
-    self.running.remove(req)
-    self.num_preemptions += 1
-    req.metrics.preemptions += 1
-    req.block_table = []
-    req.num_computed_tokens = 0
-    req.status = Status.WAITING
-    self.waiting.appendleft(req)
+    _preempt(self, req, free=False)
+
+
+@mistake("scheduler.preempt", "swap preemption", "preempt_swap_mode")
+def preempt_ignores_swap(self, req):
+    """Recomputes whatever the engine's preemption mode: the swap mode's host copy is never made."""
+    _preempt(self, req, swap=False)
+
+
+@mistake("scheduler.preempt", "swap out before you free", "preempt_swap_order")
+def preempt_frees_before_swapping(self, req):
+    """Frees the blocks, then swaps out: the copy is taken from an empty block table."""
+    _preempt(self, req, swap_first=False)
+
+
+@mistake("scheduler.preempt", "Status.SWAPPED", "preempt_swap_status")
+def preempt_swapped_as_waiting(self, req):
+    """Swaps out but leaves the status WAITING: start() would never swap the KV back in."""
+    _preempt(self, req, swapped_status=False)
+
+
+@mistake("scheduler.preempt", "keeps req.num_computed_tokens", "preempt_swap_keeps")
+def preempt_swap_starts_over(self, req):
+    """Swaps out and also resets num_computed_tokens, as recompute does."""
+    _preempt(self, req, swap_keeps=False)
+
+
+@mistake("scheduler.preempt", "req.metrics.preemptions", "preempt_request_count")
+def preempt_swap_uncounted(self, req):
+    """Counts the request's preemption in the recompute branch only."""
+    _preempt(self, req, count_req_on_swap=False)
 
 
 # ================================================================ lab 03: schedule_token_budget
