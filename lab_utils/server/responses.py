@@ -214,5 +214,8 @@ def finish_reason(reason: str | None) -> str | None:
 
 
 def usage(out: RequestOutput) -> dict:
+    """OpenAI's usage, with the prompt tokens the prefix cache served (`prompt_tokens_details.cached_tokens`,
+    whole KV blocks: a multiple of the block size) so a client can tell computed prefill from reused."""
     p, c = len(out.prompt_token_ids), len(out.token_ids)
-    return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c}
+    return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c,
+            "prompt_tokens_details": {"cached_tokens": out.num_cached_tokens}}
