@@ -313,6 +313,27 @@ QUESTIONS: dict[str, list[Question]] = {
            "Each verified row gets the mask of the state after the guesses before it, so the verifier samples from the "
            "constrained distribution at every position: speculation stays lossless."),
     ],
+    "14": [
+        _n("block_kb", "SmolLM2-135M has 30 layers, 3 KV heads of dimension 64. How many kB does one 16-token KV block "
+           "take in fp32 (K and V, every layer)?", 737.28,
+           "2 (K and V) x 30 layers x 3 heads x 64 x 4 bytes = 23,040 bytes a token; x 16 tokens = 737,280 bytes.",
+           unit="kB"),
+        _c("exclusive", "The host tier hands a block back to the device and forgets it (exclusive). What does that buy?",
+           ["Nothing: it only saves a lookup", "The device pool and the tier hold different blocks, so their capacities "
+            "add up and no copy can go stale", "Faster copies", "Fewer prefix-cache hits"], "b",
+           "A block lives in exactly one place; the price is copying it out again if the device evicts it again."),
+        _c("parent", "Why must promote never evict one of `hits` to make room?",
+           ["It would be slower", "Those blocks are the prompt's earlier blocks: evicting one leaves the promoted block "
+            "without its parent, and the request would attach a block whose K/V is now someone else's",
+            "The tier would overflow", "hits are always referenced"], "b",
+           "The walk has already counted them as this prompt's prefix; reusing one of them for the promoted block "
+           "overwrites K/V the request will read."),
+        _c("gpu_small_model", "On an H200 over PCIe 5 (64 GB/s each way), for which model does copying a prefix back "
+           "beat recomputing it by the widest margin?",
+           ["SmolLM2-135M", "Llama-3.1-70B", "All equal", "Neither: recomputing always wins"], "b",
+           "Recompute grows with parameters (2 x params FLOPs a token); KV bytes grow only with layers x KV heads x head "
+           "dim, which GQA keeps small. 70B: ~18x; SmolLM2: ~1.5x."),
+    ],
 }
 
 

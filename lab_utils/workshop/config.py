@@ -10,6 +10,9 @@ What it sets up:
   files, for a trial or a test only); the learner copies are written at spawn and never overwritten
   (`lab_utils.workshop.singleuser`); one shared model cache (LAB_UTILS_CACHE) the learners only read;
 - per-learner memory, CPU, torch threads and KV budget from the room's size (`lab_utils.workshop.sizing`);
+- on a GPU box, each learner's device (CUDA_VISIBLE_DEVICES, round-robin over devices or MIG slices) and GPU KV
+  budget (`lab_utils.workshop.gpu`), and one shared `lab_utils serve` for labs 08 and 12 with each learner's own
+  API key in OPENAI_API_KEY (`lab_utils.workshop.api_keys`);
 - jupyterhub-idle-culler and the instructor's board (admins only) as hub services.
 """
 from __future__ import annotations
@@ -19,6 +22,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from lab_utils.workshop.gpu import GpuRoom
 from lab_utils.workshop.sizing import Share
 
 USERNAME = r"^[a-z][a-z0-9_-]{0,31}$"  # safe as a Unix user name and a folder name
@@ -42,6 +46,12 @@ class WorkshopOptions:
     unix_users: bool | None = None  # one Unix user per learner; default: when the hub runs as root
     cull_after_s: int = 3600
     python: str = sys.executable
+    gpu: GpuRoom | None = None  # a GPU box: each learner's device and GPU KV budget
+    serve_model: str | None = None  # one shared `lab_utils serve` of this model for labs 08 and 12
+    serve_port: int = 8003
+    key_secret: str | None = None  # derives each learner's API key (generated when not given)
+    room_key: str | None = None  # the one key while the server checks only one (generated when not given)
+    per_learner_keys: bool | None = None  # default: when `lab_utils serve` takes a file of keys
 
     def __post_init__(self) -> None:
         import re
@@ -57,6 +67,15 @@ class WorkshopOptions:
             self.admin_password = secrets.token_urlsafe(32)
         if self.unix_users is None:
             self.unix_users = os.geteuid() == 0
+        if self.serve_model is not None:
+            import secrets
+
+            from lab_utils.workshop.api_keys import serve_takes_key_file
+
+            self.key_secret = self.key_secret or secrets.token_urlsafe(32)
+            self.room_key = self.room_key or "lab-" + secrets.token_hex(20)
+            if self.per_learner_keys is None:
+                self.per_learner_keys = serve_takes_key_file()
 
 
 def render(o: WorkshopOptions) -> str:
@@ -90,7 +109,7 @@ c.SimpleLocalProcessSpawner.home_dir_template = "{o.homes}/{{username}}\""""
         if os.geteuid() == 0:
             spawner += '\nc.Spawner.args = ["--allow-root"]  # a trial as root: the learners run as root too'
 
-    return f'''"""JupyterHub for a one-box workshop, written by `python -m lab_utils workshop` (rerun it to change this)."""
+    text = f'''"""JupyterHub for a one-box workshop, written by `python -m lab_utils workshop` (rerun it to change this)."""
 c = get_config()  # noqa: F821
 
 c.JupyterHub.ip = {o.ip!r}
@@ -126,6 +145,50 @@ c.JupyterHub.load_roles = [
     {{"name": "idle-culler", "services": ["idle-culler"],
       "scopes": ["list:users", "read:users:activity", "read:servers", "delete:servers"]}},
 ]
+'''
+    return text + _render_gpu(o) + _render_server(o)
+
+
+def _render_gpu(o: WorkshopOptions) -> str:
+    if o.gpu is None:
+        return ""
+    g = o.gpu
+    return f'''
+# A shared GPU box: {g}
+from lab_utils.workshop.gpu import GpuRoom
+_gpu = GpuRoom(devices={g.devices!r}, device_bytes={g.device_bytes}, learners={g.learners}, server={g.server})
+c.Spawner.environment["CUDA_VISIBLE_DEVICES"] = lambda spawner: _gpu.device_for(spawner.user.id)  # round-robin
+c.Spawner.environment["LAB_KV_CACHE_MEMORY_BYTES"] = "{g.kv_bytes}"  # this learner's GPU KV budget
+'''
+
+
+def _render_server(o: WorkshopOptions) -> str:
+    if o.serve_model is None:
+        return ""
+    cmd = [o.python, "-m", "lab_utils", "serve", "--model", o.serve_model, "--host", "127.0.0.1",
+           "--port", str(o.serve_port)]
+    env = {"LAB_UTILS_CACHE": str(o.cache), "HF_HUB_OFFLINE": "1"}
+    if o.gpu is not None:
+        cmd += ["--device", "cuda", "--kv-cache-memory-bytes", str(o.gpu.server_kv_bytes)]
+        env["CUDA_VISIBLE_DEVICES"] = o.gpu.devices[0]
+    keys = f"{o.state}/api_keys.txt"
+    if o.per_learner_keys:
+        from lab_utils.workshop.api_keys import KEY_FILE_FLAG
+
+        cmd += [KEY_FILE_FLAG, keys]
+        learner_key = "lambda spawner: _keys.key_for(spawner.user.name)  # each learner's own"
+    else:
+        cmd += ["--api-key", o.room_key]
+        learner_key = (f"{o.room_key!r}  # the room's one key: `lab_utils serve` checks one\n"
+                       f'c.Spawner.environment["LAB_LEARNER_API_KEY"] = lambda spawner: '
+                       f"_keys.key_for(spawner.user.name)  # each learner's own, for a server that takes a file")
+    return f'''
+# One shared `lab_utils serve` for labs 08 and 12; each learner's key in OPENAI_API_KEY ({keys})
+from lab_utils.workshop.api_keys import LearnerKeys
+_keys = LearnerKeys({keys!r}, {o.key_secret!r})
+c.Spawner.environment["OPENAI_BASE_URL"] = "http://127.0.0.1:{o.serve_port}/v1"
+c.Spawner.environment["OPENAI_API_KEY"] = {learner_key}
+c.JupyterHub.services.append({{"name": "llm-server", "command": {cmd!r}, "environment": {env!r}}})
 '''
 
 

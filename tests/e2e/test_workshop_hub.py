@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from lab_utils.workshop import sizing
+from lab_utils.workshop import gpu, sizing
 from lab_utils.workshop.config import WorkshopOptions, render
 
 psutil = pytest.importorskip("psutil")
@@ -63,7 +63,8 @@ class Hub:
 
 
 def _run_in_kernel(hub: Hub, user: str, token: str, code: str, timeout: float = 90) -> dict:
-    """Start a kernel in `user`'s server beside their lab 00 copy, run `code` there; the execute_reply's content."""
+    """Start a kernel in `user`'s server beside their lab 00 copy, run `code` there; the execute_reply's content,
+    with what the code printed under "stdout"."""
     import asyncio
     import uuid
 
@@ -84,11 +85,19 @@ def _run_in_kernel(hub: Hub, user: str, token: str, code: str, timeout: float = 
             "parent_header": {}, "metadata": {}, "channel": "shell",
             "content": {"code": code, "silent": False, "store_history": False, "user_expressions": {},
                         "allow_stdin": False, "stop_on_error": True}}))
-        while True:
+        printed, reply, idle = [], None, False  # the reply (shell) and the output (iopub) come in either order
+        while reply is None or not idle:
             msg = json.loads(await asyncio.wait_for(ws.read_message(), timeout))
-            if msg["msg_type"] == "execute_reply" and msg["parent_header"].get("msg_id") == msg_id:
-                ws.close()
-                return msg["content"]
+            if msg["parent_header"].get("msg_id") != msg_id:
+                continue
+            if msg["msg_type"] == "stream" and msg["content"]["name"] == "stdout":
+                printed.append(msg["content"]["text"])
+            elif msg["msg_type"] == "execute_reply":
+                reply = msg["content"]
+            elif msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
+                idle = True
+        ws.close()
+        return {**reply, "stdout": "".join(printed)}
 
     try:
         return asyncio.run(go())
@@ -99,6 +108,7 @@ def _run_in_kernel(hub: Hub, user: str, token: str, code: str, timeout: float = 
 ROPE_RIGHT = "def rope(x, positions, theta):\n    return lab00.reference_rope(x, positions, theta)\n"
 ROPE_WRONG = "def rope(x, positions, theta):\n    return x.clone()  # forgot to rotate\n"
 RUN_CHECK = "from lab_utils.checks import lab00\n{rope}lab00.check_rope(rope, seed=0)\n"
+SHOW_DEVICE = "import os\nprint(os.environ['CUDA_VISIBLE_DEVICES'], os.environ['LAB_KV_CACHE_MEMORY_BYTES'])\n"
 
 
 def _spawn(hub: Hub, user: str, token: str) -> None:
@@ -121,7 +131,8 @@ def hub(tmp_path):
     admin_token = secrets.token_hex(16)
     o = WorkshopOptions(state=tmp_path / "state", homes=tmp_path / "homes", cache=tmp_path / "cache",
                         labs=REPO / "labs", share=sizing.share(2, ram=16 * sizing.GiB, cores=2), admins=["teach"],
-                        port=port, hub_port=hub_port, proxy_api_port=api, board_port=board, unix_users=False)
+                        port=port, hub_port=hub_port, proxy_api_port=api, board_port=board, unix_users=False,
+                        gpu=gpu.GpuRoom(("0", "MIG-test-slice"), 16 * sizing.GiB, 2))  # names only: no GPU used
     o.state.mkdir(parents=True)
     # the test's own service token, to make users and tokens through the REST API as an instructor's script would
     text = render(o) + f"""
@@ -204,6 +215,12 @@ def test_a_room_on_one_box(hub):
     bob = _run_in_kernel(hub, "bob", tok["bob"], RUN_CHECK.format(rope=ROPE_WRONG))
     assert bob["status"] == "error" and bob["ename"] == "AssertionError", bob
     assert (hub.homes / "ada" / "student" / ".lab_checks.jsonl").exists()  # each in their own home
+
+    # each learner's kernel sees their own device (round-robin by account) and the room's GPU KV budget
+    room = gpu.GpuRoom(("0", "MIG-test-slice"), 16 * sizing.GiB, 2)
+    seen = {name: _run_in_kernel(hub, name, tok[name], SHOW_DEVICE)["stdout"].split() for name in ("ada", "bob")}
+    assert {seen["ada"][0], seen["bob"][0]} == set(room.devices), seen  # accounts made one after the other
+    assert seen["ada"][1] == seen["bob"][1] == str(room.kv_bytes), seen
 
     # the instructor's board and gradebook show both results
     status, room = hub.call("GET", "/services/board/room.json", token=tok["teach"])
