@@ -332,7 +332,7 @@ QUESTIONS: dict[str, list[Question]] = {
            "beat recomputing it by the widest margin?",
            ["SmolLM2-135M", "Llama-3.1-70B", "All equal", "Neither: recomputing always wins"], "b",
            "Recompute grows with parameters (2 x params FLOPs a token); KV bytes grow only with layers x KV heads x head "
-           "dim, which GQA keeps small. 70B: ~18x; SmolLM2: ~1.5x."),
+           "dim, which GQA keeps small. 70B: ~56x, 8B: ~16x, SmolLM2: ~1.5x."),
     ],
 }
 

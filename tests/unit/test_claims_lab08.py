@@ -142,3 +142,22 @@ def test_goodput_rounds_judged_by_ratio_and_zero_on_both_sides_says_nothing(caps
     r["goodput"][("lab", "base")] = [0.0, 0.25, 0.2]  # every informative round below one-at-a-time
     with pytest.raises(AssertionError, match="goodput under SLOs"):
         lab08.assert_claims(r, show=False)
+
+
+def test_the_learners_sweep_is_judged_over_its_rounds(capsys):
+    """Your sweep runs once a round (interleaved with the other configurations): rounds that agree decide, rounds
+    that straddle the bar and disagree are NOT JUDGED, and no round where batching pays fails."""
+    def rounds(*tables):
+        return [{"best": max(t, key=lambda n: (t[n], -n)), "table": t} for t in tables]
+
+    r = good()
+    r["sweep"] = rounds({1: 0.3, 4: 0.9, 8: 1.2}, {1: 0.4, 4: 1.0, 8: 0.9})
+    lab08.assert_claims(r)
+    assert "PASS  measured: your sweep ran the lab engine at max_num_seqs [1, 4, 8] in 2 interleaved" in \
+        capsys.readouterr().out
+    r["sweep"] = rounds({1: 0.3, 4: 0.9, 8: 1.2}, {1: 0.5, 4: 0.2, 8: 0.1})  # 4x, then one at a time wins
+    lab08.assert_claims(r)
+    assert "NOT JUDGED  measured: your sweep" in capsys.readouterr().out
+    r["sweep"] = rounds({1: 0.5, 4: 0.2, 8: 0.1}, {1: 0.6, 4: 0.6, 8: 0.2})  # ties go to the smaller value: 1
+    with pytest.raises(AssertionError, match="your sweep ran the lab engine"):
+        lab08.assert_claims(r, show=False)
