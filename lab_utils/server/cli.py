@@ -12,6 +12,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("serve", help="OpenAI-compatible HTTP server over the lab engine")
     add_engine_args(p)  # --model, --device, --dtype and the engine flags with vLLM's names
     p.add_argument("--served-model-name", default=None, help="name clients use (default: --model)")
+    p.add_argument("--extra-model", action="append", default=[], metavar="[NAME=]MODEL",
+                   help="also serve MODEL (as NAME; default its model name) on an engine of its own with the same "
+                        "engine flags (no speculative decoding); a request's `model` picks one; repeatable")
     p.add_argument("--host", default="127.0.0.1", help="bind address (loopback unless told otherwise)")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on /v1/*")
@@ -31,9 +34,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=serve)
 
 
-def build_engine(args: argparse.Namespace):
-    """The engine `serve` runs: with `--learner-upto LAB`, the learner's saved parts of the labs up to LAB (their
-    scheduler, block manager, ... where written), the reference for the rest; the table goes to the log."""
+def build_engine(args: argparse.Namespace, model: str | None = None, **overrides):
+    """The engine `serve` runs for `model` (default `--model`): with `--learner-upto LAB`, the learner's saved parts
+    of the labs up to LAB (their scheduler, block manager, ... where written), the reference for the rest; the
+    table goes to the log. `overrides`: EngineConfig fields that differ from the flags."""
+    from dataclasses import replace
+
     from lab_utils.engine.engine import LLMEngine
 
     parts = None
@@ -41,8 +47,30 @@ def build_engine(args: argparse.Namespace):
         from lab_utils.course import learner_parts
 
         parts = learner_parts.parts(upto=args.learner_upto)
-    return LLMEngine(args.model, engine_config_from_args(args), device=args.device, dtype=torch_dtype(args.dtype),
-                     parts=parts)
+    config = replace(engine_config_from_args(args), **overrides)
+    return LLMEngine(model or args.model, config, device=args.device, dtype=torch_dtype(args.dtype), parts=parts)
+
+
+def extra_models(args: argparse.Namespace) -> dict[str, str]:
+    """`--extra-model [NAME=]MODEL` flags as {served name: model}."""
+    out = {}
+    for item in args.extra_model:
+        name, _, model = item.rpartition("=")
+        out[name or model] = model
+    return out
+
+
+def build_engines(args: argparse.Namespace) -> tuple:
+    """The main engine and {name: engine} of the extra models. Each engine's KV budget is its own; on a GPU,
+    `--gpu-memory-utilization` is the whole process's share of the card, split evenly between the engines."""
+    extras = extra_models(args)
+    split = {}
+    if extras:
+        share = engine_config_from_args(args).gpu_memory_utilization / (1 + len(extras))
+        split = {"gpu_memory_utilization": share}
+    engine = build_engine(args, **split)
+    # a speculative config names the main model's draft: the extra models decode without one
+    return engine, {name: build_engine(args, model, speculative=None, **split) for name, model in extras.items()}
 
 
 def serve(args: argparse.Namespace) -> int:
@@ -51,12 +79,15 @@ def serve(args: argparse.Namespace) -> int:
     from lab_utils.server.app import create_app
     from lab_utils.server.http_limits import GuardedHttpTools
 
-    engine = build_engine(args)
-    if engine.device.type == "cuda":  # as vLLM at start-up: compile and capture before the first request
-        engine.warmup()
-    app = create_app(engine, args.served_model_name or args.model, args.max_tokens_cap, args.api_key,
+    engine, extras = build_engines(args)
+    for e in (engine, *extras.values()):
+        if e.device.type == "cuda":  # as vLLM at start-up: compile and capture before the first request
+            e.warmup()
+    name = args.served_model_name or args.model
+    app = create_app(engine, name, args.max_tokens_cap, args.api_key,
                      max_waiting=args.max_waiting or None, max_body_bytes=args.max_body_bytes,
-                     learner_parts=args.learner_parts, compile_timeout_s=args.max_schema_compile_s)
-    print(f"serving {args.model} on http://{args.host}:{args.port}/v1", flush=True)
+                     learner_parts=args.learner_parts, compile_timeout_s=args.max_schema_compile_s,
+                     extra_models=extras)
+    print(f"serving {', '.join([name, *extras])} on http://{args.host}:{args.port}/v1", flush=True)
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning", http=GuardedHttpTools)  # header limits
     return 0

@@ -1,7 +1,7 @@
 """The server's state over one engine, and the checks that turn a request body into the engine's request.
 
 `Frontend` holds what every route needs (the engine, its loop, the worker pool, the metrics, the settings); the
-app keeps one in `app.state.frontend` and the routes receive it as a dependency (routes.py). Its checks raise
+app keeps one per served model (models.py) and a route answers with the one its request's `model` names. Its checks raise
 `APIError`, so every refusal is an HTTP error sent before any response has started.
 """
 from __future__ import annotations
@@ -42,11 +42,6 @@ class Frontend:
     @property
     def tokenizer(self):
         return self.engine.tokenizer
-
-    def check_model(self, name: str) -> None:
-        if name != self.model_name:
-            raise APIError(404, f"model {name!r} does not exist; this server serves {self.model_name!r}",
-                           "not_found_error", "model")
 
     def to_params(self, req: CommonFields, max_tokens: int | None, structured: dict | None = None) -> SamplingParams:
         stop = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])

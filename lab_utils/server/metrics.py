@@ -63,11 +63,47 @@ class ServerMetrics:
                 self.e2e.observe(m.e2e)
             self.finished.labels((out.finish_reason or "unknown").split(":")[0]).inc()
 
-    def render(self) -> bytes:
+    def refresh(self) -> None:
+        """The gauges read from the engine now."""
         s = self.engine.stats()
         self.running.set(s["num_running"])
         self.waiting.set(s["num_waiting"])
         self.kv_usage.set(s["num_blocks_used"] / max(s["num_blocks_total"], 1))
         self.preemptions.set(s["num_preemptions"])
         self.prefix_hit.set(s["prefix_cache_hit_rate"])
+
+    def render(self) -> bytes:
+        self.refresh()
         return generate_latest(self.registry)
+
+
+PROCESS_WIDE = ("lab:requests_rejected", "lab:learner_part")  # the first model's registry counts these for all
+
+
+def render_all(by_model: dict[str, ServerMetrics]) -> bytes:
+    """/metrics: one model's metrics as they are; several models' merged into one family per metric, each
+    sample labelled with its `model_name` (vLLM's label), the process-wide ones (PROCESS_WIDE) unlabelled."""
+    if len(by_model) == 1:
+        return next(iter(by_model.values())).render()
+    families: dict = {}
+    for i, (name, metrics) in enumerate(by_model.items()):
+        metrics.refresh()
+        for family in metrics.registry.collect():
+            if family.name in PROCESS_WIDE:
+                if i == 0:
+                    families[family.name] = family
+                continue
+            merged = families.setdefault(family.name, family)
+            labelled = [s._replace(labels={"model_name": name, **s.labels}) for s in family.samples]
+            if merged is family:
+                family.samples = labelled
+            else:
+                merged.samples.extend(labelled)
+
+    class Merged:
+        def collect(self):
+            return iter(families.values())
+
+    registry = CollectorRegistry()
+    registry.register(Merged())
+    return generate_latest(registry)

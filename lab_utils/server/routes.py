@@ -1,7 +1,8 @@
 """The endpoints: /health, /metrics, /v1/models, /v1/completions, /v1/chat/completions.
 
-Each route receives the app's `Frontend` (the engine and the settings) as a dependency; the request bodies are
-checked by their models (schemas.py) and by the frontend before anything reaches the engine.
+Each route receives the app's `ServedModels` as a dependency; a generation request's `model` picks the
+`Frontend` (that model's engine and settings) that checks it (after its body's model, schemas.py) before
+anything reaches the engine, and answers it.
 """
 from __future__ import annotations
 
@@ -11,43 +12,48 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, Response
 
 from lab_utils.server.errors import APIError
-from lab_utils.server.frontend import Frontend
 from lab_utils.server.messages import ConversationError, check_conversation, for_template, size_of
+from lab_utils.server.metrics import render_all
+from lab_utils.server.models import ServedModels
 from lab_utils.server.responses import complete
 from lab_utils.server.schemas import ChatRequest, CompletionRequest
 from lab_utils.server.tools import ToolRequestError, render_chat, tool_mode
 
 
-def frontend(request: Request) -> Frontend:
-    return request.app.state.frontend
+def served_models(request: Request) -> ServedModels:
+    return request.app.state.models
 
 
-Front = Annotated[Frontend, Depends(frontend)]
+Models = Annotated[ServedModels, Depends(served_models)]
 router = APIRouter()
 
 
 @router.get("/health")
-async def health(fe: Front):
-    if fe.aengine.error is not None:
-        return JSONResponse({"error": {"message": f"engine failed: {fe.aengine.error}", "type": "server_error",
-                                       "param": None, "code": None}}, status_code=500)
+async def health(served: Models):
+    """500 while any model's engine is unusable (the others still answer their requests)."""
+    dead = served.dead()
+    if dead:
+        one = len(served.names) == 1
+        why = "; ".join(f"{'' if one else f'model {name!r}: '}engine failed: {err}" for name, err in dead.items())
+        return JSONResponse({"error": {"message": why, "type": "server_error", "param": None, "code": None}},
+                            status_code=500)
     return {"status": "ok"}
 
 
 @router.get("/metrics")
-async def prom(fe: Front):
-    return Response(fe.metrics.render(), media_type="text/plain; version=0.0.4")
+async def prom(served: Models):
+    return Response(render_all({fe.model_name: fe.metrics for fe in served}),
+                    media_type="text/plain; version=0.0.4")
 
 
 @router.get("/v1/models")
-async def models(fe: Front):
-    return {"object": "list", "data": [{"id": fe.model_name, "object": "model", "owned_by": "lab_utils",
-                                        "max_model_len": fe.engine.max_model_len}]}
+async def models(served: Models):
+    return served.listing()
 
 
 @router.post("/v1/completions")
-async def completions(req: CompletionRequest, raw: Request, fe: Front):
-    fe.check_model(req.model)
+async def completions(req: CompletionRequest, raw: Request, served: Models):
+    fe = served.pick(req.model)
     params = fe.to_params(req, req.max_tokens, await fe.constraint(req))
     ids = await fe.token_ids(req.prompt, "prompt")
     echo = (req.prompt if isinstance(req.prompt, str) else fe.prompt_text(ids)) if req.echo else None
@@ -55,8 +61,8 @@ async def completions(req: CompletionRequest, raw: Request, fe: Front):
 
 
 @router.post("/v1/chat/completions")
-async def chat(req: ChatRequest, raw: Request, fe: Front):
-    fe.check_model(req.model)
+async def chat(req: ChatRequest, raw: Request, served: Models):
+    fe = served.pick(req.model)
     try:
         mode = tool_mode(req.tools, req.tool_choice)  # None | "auto" | "required" | "function:<name>"
     except ToolRequestError as exc:
