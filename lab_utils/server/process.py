@@ -113,14 +113,17 @@ class LabServer(ServerProcess):
     """`python -m lab_utils serve`: `with LabServer("smollm2-135m", max_num_seqs=32) as srv: ... srv.base_url`.
     Engine flags are keyword arguments with the engine's names (`max_num_seqs=32` -> `--max-num-seqs 32`);
     `learner_parts=["server.stream_sse"]` runs the learner's streaming loop (saved in my_engine/);
-    `learner_upto="12"` runs the engine with the learner's saved parts of labs up to 12 (the reference elsewhere)."""
+    `learner_upto="12"` runs the engine with the learner's saved parts of labs up to 12 (the reference elsewhere);
+    `extra_models=["smollm2-draft"]` serves those models too, each on its own engine, picked by a request's `model`."""
 
     name = "lab_server"
 
     def __init__(self, model: str = "smollm2-135m", port: int | None = None, device: str = "auto",
                  api_key: str | None = None, startup_timeout_s: float = 120.0, learner_parts=(),
-                 learner_upto: str | None = None, **engine_flags) -> None:
+                 learner_upto: str | None = None, extra_models=(), **engine_flags) -> None:
         args = ["lab_utils", "serve", "--model", model, "--device", device, *cli_flags(engine_flags)]
+        for extra in extra_models:
+            args += ["--extra-model", extra]
         if api_key:
             args += ["--api-key", api_key]
         env = {"HF_HUB_OFFLINE": "1"}

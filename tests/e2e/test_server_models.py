@@ -122,3 +122,14 @@ def test_serve_builds_an_engine_per_extra_model():
     assert list(extras) == [DRAFT, "small"] and extras["small"] is not extras[DRAFT]
     assert engine.spec is not None and all(e.spec is None for e in extras.values())  # the draft is the main's
     assert {e.model.config.num_hidden_layers for e in extras.values()} == {3}
+
+
+def test_a_server_process_serves_both_models():
+    """`python -m lab_utils serve --model tiny-random --extra-model smollm2-draft`, as lab 15 starts it."""
+    from lab_utils.server.process import LabServer
+
+    with LabServer(MODEL, device="cpu", api_key=KEY, extra_models=[DRAFT], max_num_seqs=4,
+                   kv_cache_memory_bytes=16 << 20) as srv:
+        client = openai.OpenAI(base_url=srv.base_url + "/v1", api_key=KEY)
+        assert [m.id for m in client.models.list().data] == [MODEL, DRAFT]
+        assert _ask(client, DRAFT).model == DRAFT
