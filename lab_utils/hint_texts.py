@@ -704,4 +704,29 @@ HINTS: dict[str, tuple[str, str, str]] = {
         "b gets name and ids, zero references; the name table points at b; b is the newest cached block\n"
         "answer b",
     ),
+    # ------------------------------------------------------------------------------------------- lab 15
+    "15.fan_out": (
+        "A prefix cache only finds blocks that are already computed, so requests that enter in the same step all "
+        "miss it. Let one sub-task go first until its prompt is done; the others then find the shared part cached "
+        "and still run in the same steps as the first.",
+        "1. Queue the first prompt alone and keep stepping; collect every finished output by its request id.\n"
+        "2. Stop stepping alone once any step's outputs include the first request: its prompt has been computed.\n"
+        "3. Queue every other prompt, remembering the ids in prompt order.\n"
+        "4. Step until every id has a finished output, then answer the outputs in the order of the ids.",
+        "finished ← empty map from id to output\n"
+        "a ← id of the first prompt, queued alone\n"
+        "repeat a step, keeping the finished outputs, until one of its outputs belongs to a\n"
+        "ids ← a, then the ids of the other prompts, each queued now\n"
+        "repeat a step, keeping the finished outputs, until every id is finished\n"
+        "answer  the finished outputs of ids, in that order",
+    ),
+    "15.prompt_usage": (
+        "A token the prefix cache served was never run through the model: what the engine computed is what was "
+        "sent minus what was found.",
+        "1. Add up the prompt lengths of the outputs.\n"
+        "2. Add up what each output reports as served from the cache.\n"
+        "3. The computed tokens are the difference; answer the three under their names.",
+        "P ← total prompt length over the outputs;  C ← total cached count over the outputs\n"
+        "answer  prompt_tokens P, cached_tokens C, computed_tokens P − C",
+    ),
 }

@@ -334,6 +334,23 @@ QUESTIONS: dict[str, list[Question]] = {
            "Recompute grows with parameters (2 x params FLOPs a token); KV bytes grow only with layers x KV heads x head "
            "dim, which GQA keeps small. 70B: ~56x, 8B: ~16x, SmolLM2: ~1.5x."),
     ],
+    "15": [
+        _n("fanout_prefill", "8 sub-tasks share a 400-token instruction prefix and add 20 tokens each; they are sent in "
+           "the same instant to an engine whose prefix cache is empty. How many prompt tokens does the engine "
+           "compute?", 3360,
+           "Admitted in one step, none finds the others' blocks (a block is named only once computed): 8 x 420 = "
+           "3,360. Fanned out after the first's prompt, about 400 + 8 x 20 = 560.", unit="tokens"),
+        _c("cached_bill", "A request's usage says prompt_tokens 1,000, cached_tokens 960. What did the engine "
+           "compute for its prompt?",
+           ["1,000 tokens", "40 tokens (the rest came from the prefix cache)", "960 tokens", "1,960 tokens"], "b",
+           "Cached tokens are not run through the model: only 1,000 - 960 = 40 are prefilled."),
+        _c("router_side", "A router sends a request to the small model when the small model's confidence over its "
+           "first tokens is...",
+           ["below the threshold", "at or above the threshold", "exactly the threshold", "unknown: it waits for the "
+            "target's answer"], "b",
+           "Confident requests stay on the cheap model; doubtful ones go to the target. A signal that needs the "
+           "target's answer would cost what routing saves (and leaks the answer into the decision)."),
+    ],
 }
 
 

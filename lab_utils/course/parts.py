@@ -154,6 +154,10 @@ PARTS: dict[str, Part] = {p.name: p for p in [
     Part("block_manager.promote", "14", "(self, name, ids, hits) -> int | None",
          "the device misses block `name` but the host tier holds it: copy it into a device block, named and "
          "cached as if it had never left (never evicting one of `hits`); None when it cannot"),
+    # lab 15: token efficiency: agent fan-out
+    Part("efficiency.fan_out", "15", "(engine, prompts, params) -> list[RequestOutput]",
+         "sub-tasks sharing a prefix: the first until its prompt is computed, then the rest together (prefix once)",
+         ref="lab_utils.efficiency.fanout:fan_out"),
 ]}
 
 

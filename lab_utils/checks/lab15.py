@@ -1,0 +1,166 @@
+"""Checks and claims for lab 15: token efficiency.
+
+`check_fan_out` runs the learner's fan-out on a tiny float64 engine with the prefix cache on, over fresh random
+sub-tasks that share a prefix of several blocks, next to the reference (`lab_utils.efficiency.fanout`): the
+answers must be those of one-after-another serving (float64: equal tokens), the engine must work on the sub-tasks
+together (not one by one), and the prompt tokens the engine computed (its step log) must be the shared prefix once
+plus each sub-task's own part; a fan-out that sends everything in one instant computes the prefix once a sub-task
+and is named so. `check_prompt_usage` compares the learner's usage count with the engine's own count of what it
+computed (cached tokens are not computed). Neither shows the solution.
+"""
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+
+from lab_utils.checks.claims import Claim
+from lab_utils.efficiency import fanout
+
+FAN_OUT_PART = "efficiency.fan_out"
+BLOCK = 16
+
+
+def _tiny_engine(seed: int = 0):
+    import torch
+
+    from lab_utils import LLMEngine, load_model
+    from lab_utils.course import learner_parts
+
+    if "tiny" not in _MODELS:
+        _MODELS["tiny"] = load_model("tiny-random", device="cpu", dtype=torch.float64)
+    config = learner_parts.engine_config("04", block_size=BLOCK, num_gpu_blocks=160, max_num_batched_tokens=2048,
+                                         seed=seed)
+    return LLMEngine(_MODELS["tiny"], config, device="cpu")
+
+
+_MODELS: dict = {}
+
+
+def random_subtasks(rng: random.Random, n: int, prefix_blocks: int) -> list[list[int]]:
+    """n prompts: one shared prefix of `prefix_blocks` blocks and a few more tokens, then each its own task."""
+    prefix = [rng.randrange(100, 40000) for _ in range(prefix_blocks * BLOCK + rng.randrange(BLOCK))]
+    return [prefix + [rng.randrange(100, 40000) for _ in range(rng.randint(3, 2 * BLOCK))] for _ in range(n)]
+
+
+def check_fan_out(fn: Callable, seed: int | None = 0, trials: int = 3) -> None:
+    """`fn(engine, prompts, params) -> list[RequestOutput]` on random sub-tasks sharing a prefix: the answers of
+    one-by-one serving, in prompt order, worked on together, the shared prefix computed once. Submits `fn`."""
+    from lab_utils import SamplingParams
+    from lab_utils.course import learner_parts
+
+    rng = random.Random(seed)
+    for trial in range(trials):
+        n, blocks = rng.randint(3, 5), rng.randint(4, 6)
+        prompts = random_subtasks(rng, n, blocks)
+        params = SamplingParams(max_tokens=rng.randint(3, 6))
+        ref_engine = _tiny_engine()
+        want = fanout.one_by_one(ref_engine, prompts, params)
+        best = _tiny_engine()
+        floor = fanout.prompt_tokens_computed(best, fanout.fan_out(best, prompts, params))
+        engine = _tiny_engine()
+        got = fn(engine, prompts, params)
+        what = f"{n} sub-tasks sharing a {fanout.shared_prefix_len(prompts)}-token prefix (block size {BLOCK})"
+        if not isinstance(got, (list, tuple)) or len(got) != n:
+            raise AssertionError(f"{what}: return one RequestOutput per prompt, as a list; got "
+                                 f"{type(got).__name__} of length {len(got) if hasattr(got, '__len__') else '?'}")
+        for i, (o, p) in enumerate(zip(got, prompts)):
+            if not getattr(o, "finished", False):
+                raise AssertionError(f"{what}: output {i} is not finished: return each request's final output "
+                                     "(step until every request has finished)")
+            if list(o.prompt_token_ids) != list(p):
+                raise AssertionError(f"{what}: output {i} answers another prompt: return the outputs in the order "
+                                     "of the prompts (a step's outputs come in no promised order)")
+        for i, (o, w) in enumerate(zip(got, want)):
+            if list(o.token_ids) != list(w.token_ids):
+                raise AssertionError(f"{what}: sub-task {i}'s answer {list(o.token_ids)} differs from one-by-one "
+                                     f"serving's {list(w.token_ids)} (greedy, float64: they must be equal)")
+        together = fanout.max_batch(engine)
+        if together < n - 1:
+            raise AssertionError(f"{what}: at most {together} of them were in one engine step: they ran one after "
+                                 "another. Fan out: once the first has its prompt computed, add all the others "
+                                 "before stepping again, so the engine decodes them together")
+        computed = fanout.prompt_tokens_computed(engine, got)
+        if computed > floor + BLOCK:
+            shared = fanout.shared_prefix_len(prompts)
+            times = (computed - (floor - shared)) / shared
+            raise AssertionError(
+                f"{what}: the engine computed {computed} prompt tokens, {floor} when the shared prefix is computed "
+                f"once: it computed the shared prefix about {times:.1f} times. Requests admitted in the same step all "
+                "miss the prefix cache (their blocks are named only once computed): send one sub-task first and "
+                "step until it has produced its first token, then the rest")
+    print(f"✔ check_fan_out: {trials} fan-outs of 3-5 sub-tasks: the same answers as one by one, worked on together, "
+          "the shared prefix computed once")
+    learner_parts.submit(FAN_OUT_PART, fn)
+
+
+def check_prompt_usage(fn: Callable, seed: int | None = 0) -> None:
+    """`fn(outputs) -> {"prompt_tokens", "cached_tokens", "computed_tokens"}` against the engine's own count of
+    the prompt tokens it computed, on a run where most prompt tokens come from the prefix cache."""
+    from lab_utils import SamplingParams
+
+    rng = random.Random(seed)
+    prompts = random_subtasks(rng, 4, 5)
+    engine = _tiny_engine()
+    outs = fanout.fan_out(engine, prompts, SamplingParams(max_tokens=3))
+    truth = fanout.prompt_tokens_computed(engine, outs)
+    got = fn(outs)
+    want = fanout.prompt_usage(outs)
+    if not isinstance(got, dict) or set(got) != set(want):
+        raise AssertionError(f"return a dict with the keys {sorted(want)}; got "
+                             f"{sorted(got) if isinstance(got, dict) else type(got).__name__}")
+    for key in ("prompt_tokens", "cached_tokens"):
+        if got[key] != want[key]:
+            raise AssertionError(f"{key}: {got[key]}, expected {want[key]} (the sum over the outputs)")
+    if got["computed_tokens"] != truth:
+        mistake = (" : that is every prompt token, cached ones counted as computed (a token found in the prefix "
+                   "cache is not run through the model)" if got["computed_tokens"] == want["prompt_tokens"] else "")
+        raise AssertionError(f"computed_tokens: {got['computed_tokens']}, but the engine's step log shows it ran "
+                             f"{truth} prompt tokens{mistake}")
+    print(f"✔ check_prompt_usage: {truth} of {want['prompt_tokens']} prompt tokens computed, as the engine counts them")
+
+
+def claims(r: dict) -> list[Claim]:
+    """Lab 15's claims from the run's measurements: per serving mode ("one by one", "all at once", "fan-out")
+    the engine's computed prompt tokens (`computed`), the most requests in one step (`batch`), the per-round wall
+    times (`wall_s`), the shared prefix length and sub-task count, answers that agree, the learner's usage count
+    and the calls of the learner's fan-out."""
+    from lab_utils.checks.claims import need, parts_called
+    from lab_utils.checks.timing import judge, ratios
+
+    need(r, "computed", "batch", "wall_s", "prefix_tokens", "subtasks", "suffix_tokens", "answers_same",
+         "usage_computed", "calls")
+    comp, n, prefix, suffix = r["computed"], r["subtasks"], r["prefix_tokens"], r["suffix_tokens"]
+    once = prefix + suffix  # the shared prefix once, each sub-task's own tokens once
+    slack = BLOCK * n  # a match ends at a block boundary: up to a block a sub-task recomputed
+    fan, naive = comp["fan-out"], comp["all at once"]
+    out = [
+        (f"measured: the fan-out computed {fan} prompt tokens: the {prefix}-token shared prefix once plus the "
+         f"sub-tasks' own {suffix} (bound {once + slack}, a block of slack a sub-task)", fan <= once + slack),
+        (f"measured: sent all at once, the engine computed {naive} prompt tokens: the shared prefix about "
+         f"{(naive - suffix) / prefix:.1f} times (requests admitted in one step all miss the cache)",
+         naive >= n * prefix + suffix - slack),
+        (f"measured: the fan-out worked on the {n} sub-tasks together (up to {r['batch']['fan-out']} in a step; one "
+         f"by one: {r['batch']['one by one']})", r["batch"]["fan-out"] >= n - 1 and r["batch"]["one by one"] == 1),
+        judge(f"measured: the fan-out finished the {n} sub-tasks >= 1.5x faster than one by one",
+              ratios(r["wall_s"]["one by one"], r["wall_s"]["fan-out"]), 1.5,
+              "rerun the timing cell on a quieter machine"),
+        (f"measured: the same answers fanned out as one by one ({r['answers_same']}/{n}, greedy; or parting at a "
+         "near-tie of the dtype)", r["answers_same"] == n),
+        (f"your prompt_usage counted {r['usage_computed']} computed prompt tokens, the engine's step log {fan}",
+         r["usage_computed"] == fan),
+        parts_called("the fan-out", r["calls"], [FAN_OUT_PART]),
+    ]
+    return out
+
+
+def assert_claims(r: dict, show: bool = True) -> None:
+    """Print lab 15's claims; AssertionError naming each one that fails."""
+    from lab_utils.checks.claims import report
+
+    report(claims(r), show)
+
+
+# every check_* above also records its result in the learner's own log (lab_utils.workshop.records)
+from lab_utils.workshop.records import record_checks  # noqa: E402
+
+record_checks(globals())
