@@ -174,3 +174,10 @@ def attach(engine, client: KVStoreClient, publish: bool = False) -> StoreTier:
     if publish:
         engine.hooks.append(_PublishOnPrefill(engine, tier))
     return tier
+
+
+def detach(engine) -> None:
+    """Take the store from under `engine` (its prefix cache keeps what the device holds)."""
+    if isinstance(engine.block_manager.host_tier, StoreTier):
+        engine.block_manager.host_tier = None
+    engine.hooks[:] = [h for h in engine.hooks if not isinstance(h, (_PromptNames, _PublishOnPrefill))]

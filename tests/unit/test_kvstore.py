@@ -14,7 +14,7 @@ from lab_utils import EngineConfig, SamplingParams
 from lab_utils.engine.engine import LLMEngine
 from lab_utils.engine.paging import bytes_per_token
 from lab_utils.kvstore.store import KVStoreProcess
-from lab_utils.kvstore.tier import attach, stable_names
+from lab_utils.kvstore.tier import attach, detach, stable_names
 from lab_utils.kvstore.store import BlockStore
 from lab_utils.kvstore.tier import decode, encode
 
@@ -95,12 +95,16 @@ def _engine(**kw) -> LLMEngine:
 
 @pytest.fixture(scope="module")
 def engines():
-    return _engine(), _engine(), _engine()
+    engs = _engine(), _engine(), _engine()
+    yield engs
+    for e in engs:
+        detach(e)
 
 
 def test_an_engine_skips_the_prefill_another_engine_published(engines):
     writer, reader, plain = engines
     params = SamplingParams(max_tokens=8, temperature=0.0)
+    own_hooks = len(writer.hooks)
     with KVStoreProcess(capacity_bytes=64 << 20) as store:
         tier_w = attach(writer, store.client(), publish=True)
         tier_r = attach(reader, store.client())
@@ -123,6 +127,8 @@ def test_an_engine_skips_the_prefill_another_engine_published(engines):
         assert bm.num_free_blocks == bm.num_blocks  # nothing leaked (cached blocks count as free)
         writer.generate([PROMPT], params)
         assert tier_w.blocks_out == n_full  # published once: the store holds them already
+    detach(writer), detach(reader)
+    assert writer.block_manager.host_tier is None and len(writer.hooks) == own_hooks
 
 
 def test_attach_refuses_an_engine_without_the_prefix_cache():
@@ -131,3 +137,34 @@ def test_attach_refuses_an_engine_without_the_prefix_cache():
     eng = _engine(enable_prefix_caching=False)
     with pytest.raises(ValueError, match="enable_prefix_caching=True"):
         attach(eng, KVStoreClient("/nonexistent", b"k"))
+
+
+def _prefill_worker(client, prompt_ids: list[int], out) -> None:
+    """Another process's engine (a prefill worker): computes the prompt and publishes its blocks."""
+    eng = _engine()
+    tier = attach(eng, client, publish=True)
+    eng.generate([prompt_ids], SamplingParams(max_tokens=1, temperature=0.0))
+    out.send((tier.blocks_out, tier.bytes_out))
+
+
+def test_a_block_published_by_another_process_is_found(engines):
+    """Names that mean the same in both processes: the engine's own names (hash chained from None) differ
+    between processes, the store's do not; the reader computes none of the blocks the other process wrote."""
+    _, reader, plain = engines
+    tok = reader.tokenizer
+    prompt = tok.encode("A returning conversation finds its earlier turns in the store, not on this device. " * 3)
+    with KVStoreProcess(capacity_bytes=64 << 20) as store:
+        ctx = mp.get_context("spawn")
+        parent, child = ctx.Pipe(duplex=False)
+        p = ctx.Process(target=_prefill_worker, args=(store.client(), prompt, child))
+        p.start()
+        blocks_out, bytes_out = parent.recv()
+        p.join(120)
+        n_full = len(prompt) // 16
+        assert blocks_out == n_full
+        tier = attach(reader, store.client())
+        params = SamplingParams(max_tokens=6, temperature=0.0)
+        got = reader.generate([prompt + tok.encode(" What is left?")], params)[0]
+        want = plain.generate([prompt + tok.encode(" What is left?")], params)[0]
+        assert got.num_cached_tokens == n_full * 16 and got.token_ids == want.token_ids
+        assert tier.client.stats.get_bytes == bytes_out
