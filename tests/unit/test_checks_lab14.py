@@ -140,3 +140,17 @@ def test_each_mistake_is_named(wrong, cause):
         lab14.promote_cases(wrong)
     msg = str(err.value)
     assert "block_manager.promote (lab 14" in msg and cause in msg, msg
+
+
+def test_check_promote_stops_a_wrong_part_before_it_is_saved(tmp_path, monkeypatch):
+    monkeypatch.setenv("LAB_LEARNER_DIR", str(tmp_path))
+    with pytest.raises(AssertionError, match="stale copy"):
+        lab14.check_promote(leaves_a_stale_copy)
+    assert not (tmp_path / "block_manager.py").exists()
+    from lab_utils.course import learner_parts
+
+    try:
+        lab14.check_promote(correct)
+        assert "def promote(" in (tmp_path / "block_manager.py").read_text()
+    finally:
+        learner_parts.forget("block_manager.promote")

@@ -1,0 +1,3 @@
+"""KV beyond the device (lab 14). Returning conversations as a trace (`returning.py`) and the arithmetic of
+copying a block back against recomputing it (`costs.py`), for the engine's host tier
+(`lab_utils.engine.host_tier`); a store shared between processes (`store.py`, `tier.py`)."""
