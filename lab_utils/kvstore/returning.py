@@ -55,10 +55,20 @@ def chat_prompts(conversations, corpus, tokenizer, num_conversations: int, num_t
     return out
 
 
-def round_robin(conversations: Sequence[str], prompts: Sequence[Sequence[tuple[int, ...]]]) -> list[TraceTurn]:
-    """Every conversation's first turn, then every second turn, ...: each returns after all the others ran."""
-    return [TraceTurn(cid, t, ps[t]) for t in range(max(map(len, prompts)))
-            for cid, ps in zip(conversations, prompts) if t < len(ps)]
+def round_robin(conversations: Sequence[str], prompts: Sequence[Sequence[tuple[int, ...]]],
+                one_offs: Sequence[tuple[int, ...]] = ()) -> list[TraceTurn]:
+    """Every conversation's first turn, then every second turn, ...: each returns after all the others ran.
+    `one_offs` (single questions that never return, as turn 0 of conversations "one-off <i>") are spread evenly
+    between the turns."""
+    turns = [TraceTurn(cid, t, ps[t]) for t in range(max(map(len, prompts)))
+             for cid, ps in zip(conversations, prompts) if t < len(ps)]
+    out, k = [], 0
+    for i, turn in enumerate(turns, start=1):
+        out.append(turn)
+        while k < len(one_offs) and k * len(turns) < i * len(one_offs):
+            out.append(TraceTurn(f"one-off {k}", 0, one_offs[k]))
+            k += 1
+    return out
 
 
 def run_trace(engine, trace: Sequence[TraceTurn], params) -> list[TurnRow]:
