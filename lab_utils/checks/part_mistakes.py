@@ -98,6 +98,20 @@ def _prompt_chunk_dropped(ev: Evidence) -> bool:
     return any(n > 1 and rid in ev.before["running"] and you.get(rid, 0) < n for rid, n in ref.items())
 
 
+def _scheduled_preempted(ev: Evidence) -> bool:
+    """A request preempted in this step (no longer running) that the step scheduled all the same."""
+    return any(rid in ev.scheduled("you") and ev.you["status"].get(rid) != "running" for rid in ev.preempted("you"))
+
+
+def _retired_late(ev: Evidence) -> bool:
+    """Ended requests sat in `running` when the step began, and your step admitted fewer than the reference's (the
+    engine's guard saw nothing: you retired them later in the step)."""
+    ended = [k for k, v in ev.before["status"].items() if v in ("finished", "aborted", "rejected")
+             and k not in ev.before["waiting"]]
+    you, ref = ev.admitted("you"), ev.admitted("ref")
+    return ev.error is None and bool(ended) and len(you) < len(ref) and ref[:len(you)] == you
+
+
 def _victim(ev: Evidence) -> bool:
     ref, you = ev.preempted("ref"), ev.preempted("you")
     return bool(ref) and bool(you) and ref[0] != you[0]
@@ -274,6 +288,13 @@ def _matched_other_tokens(ev: Evidence) -> bool:
     return False
 
 
+def _matched_a_block_short(ev: Evidence) -> bool:
+    """You stopped one block early, at num_prompt_tokens // block_size - 1 blocks, where the prompt ends mid-block."""
+    req, you, ref = ev.you_call.req, ev.you_call.result, ev.ref_call.result
+    return isinstance(you, list) and req is not None and len(ref) > len(you) == \
+        req.num_prompt_tokens // ev.b.bm.block_size - 1 and ref[:len(you)] == you
+
+
 def _matched_too_few(ev: Evidence) -> bool:
     you, ref = ev.you_call.result, ev.ref_call.result
     return isinstance(you, list) and len(you) < len(ref) and ref[:len(you)] == you
@@ -309,6 +330,59 @@ def _evicted_other(ev: Evidence) -> bool:
     return ev.you_call.result != ev.ref_call.result
 
 
+def _counted_free_ids_only(ev: Evidence) -> bool:
+    """You answered False where the reference grew: the missing blocks exceed the free list but not free + cached."""
+    a, b = ev.ref_call.req, ev.you_call.req
+    if ev.ref_call.result is not True or ev.you_call.result is not False or a is None or b is None:
+        return False
+    missing = len(a.block_table) - len(b.block_table)
+    return missing > len(ev.before["free blocks (free_ids)"]) and bool(ev.before["cached blocks (evictable, LRU order)"])
+
+
+def _left_listed(ev: Evidence) -> bool:
+    bid = ev.you_call.result
+    return isinstance(bid, int) and bid in ev.you["cached blocks (evictable, LRU order)"]
+
+
+def _evicted_keeps_name(ev: Evidence) -> bool:
+    bid = ev.you_call.result
+    return bid == ev.ref_call.result and isinstance(bid, int) and (
+        bid in _named_blocks(ev.you) or bid in ev.you["hash_to_block"].values())
+
+
+def _cached_and_free(ev: Evidence) -> bool:
+    bid = _block(ev)
+    return bid is not None and bid in ev.you["cached blocks (evictable, LRU order)"] and \
+        bid in ev.you["free blocks (free_ids)"]
+
+
+def _named_too_few(ev: Evidence) -> bool:
+    """A computed full block of the request that the reference named and you left without a name."""
+    req = ev.you_call.req
+    if req is None or not ev.caching:
+        return False
+    full = min(req.num_computed_tokens, req.num_tokens) // ev.b.bm.block_size
+    ref, you = _named_blocks(ev.ref), _named_blocks(ev.you)
+    return any(bid in ref and bid not in you for bid in req.block_table[:full])
+
+
+def _named_from_prompt(ev: Evidence) -> bool:
+    """A block past the prompt's end named with the prompt's ids instead of the request's tokens."""
+    req, bs = ev.you_call.req, ev.b.bm.block_size
+    if req is None:
+        return False
+    ref, you = _named_blocks(ev.ref), _named_blocks(ev.you)
+    for i, bid in enumerate(req.block_table):
+        if (i + 1) * bs > req.num_prompt_tokens and bid in ref and bid in you and you[bid][1] != ref[bid][1] and \
+                you[bid][1] == tuple(req.prompt_token_ids[i * bs:(i + 1) * bs]):
+            return True
+    return False
+
+
+def _match_changed_state(ev: Evidence) -> bool:
+    return result_view(ev.you_call.result) == result_view(ev.ref_call.result) and ev.you != ev.ref
+
+
 _FORGET = ("the evicted block must forget its name: drop it from self.hash_to_block and clear block.hash and "
            "block.token_ids, or a later prompt would hit a block that now holds other tokens")
 
@@ -317,6 +391,14 @@ _START_RETURN = Diagnoser(
     "start_return", _bad_start,
     "n = self.start(req, n): start attaches the blocks the prefix cache already holds for the prompt and returns how "
     "many tokens are left to compute, fewer than you asked for; schedule that number")
+_SKIP_PREEMPTED = Diagnoser(
+    "skip_preempted", _scheduled_preempted,
+    "in the loop over self.running, skip a request whose status is no longer Status.RUNNING: making room for an "
+    "older request preempts the newest, and that one must not run in this step")
+_RETIRE_FIRST = Diagnoser(
+    "retire_first", _retired_late,
+    "retire finished requests (status.done) at the start of the step, before admitting: while they sit in "
+    "self.running they take up slots of max_num_seqs that waiting requests could have")
 _FCFS = Diagnoser(
     "fcfs", _not_fcfs,
     "first come, first served: admit from the head of the queue (self.waiting[0]) and stop at the first request "
@@ -326,6 +408,8 @@ _FCFS = Diagnoser(
 MISTAKES: dict[str, tuple[Diagnoser, ...]] = {
     # the scheduling steps (labs 01 and 03)
     "scheduler.schedule_continuous": (
+        _SKIP_PREEMPTED,
+        _RETIRE_FIRST,
         _START_RETURN,
         _FCFS,
         Diagnoser("prefill_first", _mixed,
@@ -333,6 +417,8 @@ MISTAKES: dict[str, tuple[Diagnoser, ...]] = {
                   "when no prompt was admitted"),
     ),
     "scheduler.schedule_token_budget": (
+        _SKIP_PREEMPTED,
+        _RETIRE_FIRST,
         _START_RETURN,
         _FCFS,
         Diagnoser("no_admit_after_preempt", _admitted_after_preempt,
@@ -352,6 +438,10 @@ MISTAKES: dict[str, tuple[Diagnoser, ...]] = {
         Diagnoser("grow_no_change", _grow_changed_on_false,
                   "when the pool cannot cover num_tokens, return False and change nothing (check before taking any "
                   "block)"),
+        Diagnoser("grow_cached_count", _counted_free_ids_only,
+                  "cached blocks can be taken too (take_block evicts the least recently used one when free_ids is "
+                  "empty): compare the missing blocks with self.num_free_blocks (free and cached), not "
+                  "len(self.free_ids)"),
         Diagnoser("grow_count", _grow_count,
                   "take exactly the missing blocks: blocks_needed(num_tokens) - len(req.block_table), none when the "
                   "table already covers num_tokens"),
@@ -421,6 +511,13 @@ MISTAKES: dict[str, tuple[Diagnoser, ...]] = {
         Diagnoser("commit_uncomputed", _named_uncomputed,
                   "name only blocks whose tokens are all computed: min(req.num_computed_tokens, req.num_tokens) // "
                   "block_size of them"),
+        Diagnoser("commit_every_block", _named_too_few,
+                  "name every full, computed block that has no name yet, not only the newest: one step can fill "
+                  "several blocks (a whole prompt, a chunk), and each needs its name"),
+        Diagnoser("commit_output_ids", _named_from_prompt,
+                  "a block's ids are req.token_ids[i * block_size:(i + 1) * block_size], prompt and output tokens "
+                  "alike: a full block of output tokens is cached too (a follow-up turn sends the answer back in its "
+                  "prompt)"),
         Diagnoser("commit_token_ids", _names_without_ids,
                   "store each block's token ids with its name (block.token_ids = ids): match_prefix compares them to "
                   "tell a hit from a hash collision, so a block without them never hits"),
@@ -433,6 +530,9 @@ MISTAKES: dict[str, tuple[Diagnoser, ...]] = {
                   "from None"),
     ),
     "block_manager.match_prefix": (
+        Diagnoser("match_looks_only", _match_changed_state,
+                  "match_prefix only looks: it returns the cached blocks and changes nothing (admit attaches them "
+                  "and counts their references; can_admit calls match_prefix too, just to count)"),
         Diagnoser("match_caching_off", _matched_with_caching_off,
                   "with enable_prefix_caching off, match_prefix finds nothing (return []): otherwise the engine's "
                   "'caching off' runs cache too"),
@@ -443,6 +543,9 @@ MISTAKES: dict[str, tuple[Diagnoser, ...]] = {
         Diagnoser("match_collision", _matched_other_tokens,
                   "equal names almost always mean equal tokens, but not always: compare the cached block's token_ids "
                   "(self.blocks[bid].token_ids) with the prompt's, and treat a difference as a miss"),
+        Diagnoser("match_bound", _matched_a_block_short,
+                  "only the prompt's last token must stay to compute: match up to (num_prompt_tokens - 1) // "
+                  "block_size blocks, so a prompt that ends mid-block can use every full block it has"),
         Diagnoser("match_walk", _matched_too_few,
                   "walk the prompt's full blocks in order, chaining the names (name = self.hash_block(previous name, "
                   "ids)), and keep each block id while the lookup in self.hash_to_block hits"),
@@ -451,6 +554,10 @@ MISTAKES: dict[str, tuple[Diagnoser, ...]] = {
                   "past"),
     ),
     "block_manager.recycle": (
+        Diagnoser("recycle_one_place", _cached_and_free,
+                  "a recycled block goes to one place: cached (self.evictable) when its name leads to it, else free "
+                  "(self.free_ids); a cached block on the free list would be handed out while a lookup still finds "
+                  "it"),
         Diagnoser("recycle_keep", _freed_cached,
                   "a block that holds a named prefix (self.hash_to_block[block.hash] == block_id) stays cached: put it "
                   "at the end of self.evictable, not in free_ids, so a later prompt can still hit it"),
@@ -467,7 +574,10 @@ MISTAKES: dict[str, tuple[Diagnoser, ...]] = {
         Diagnoser("evict_lru", _evicted_other,
                   "you evicted another block than the least recently used one: take the front of self.evictable; the "
                   "end holds the most recently used"),
-        Diagnoser("evict_forget", lambda ev: ev.you_call.result == ev.ref_call.result, _FORGET),
+        Diagnoser("evict_unlist", _left_listed,
+                  "take the evicted block out of self.evictable (popitem(last=False) returns the front and removes "
+                  "it): a block still listed would be evicted, and handed out, a second time"),
+        Diagnoser("evict_forget", _evicted_keeps_name, _FORGET),
     ),
 }
 

@@ -124,6 +124,24 @@ def random_state(seed: int, name: str, setting: Setting | None = None) -> Schedu
     return sched
 
 
+def full_decode_pool(name: str) -> Scheduler:
+    """Three requests decoding in a full 6-block pool (block size 4), each at a block boundary: the oldest's next
+    token needs a block, so making room for it preempts the newest, which the step must then leave alone. (Random
+    states preempt in a step too rarely to count on.)"""
+    policy = _POLICY.get(name, "continuous")
+    cfg = EngineConfig(scheduler=policy, max_num_seqs=4, block_size=4, max_num_batched_tokens=64,
+                       enable_chunked_prefill=policy == "token_budget", enable_prefix_caching=False,
+                       preemption_mode="recompute", watermark=0.0)
+    sched = Scheduler(cfg, BlockManager(6, 4, False, 0.0), _swap_out, _swap_in)
+    for i in range(3):
+        req = Request(str(i), None, list(range(1, 9)), SamplingParams(max_tokens=20, ignore_eos=True), 0.0)
+        sched.add(req)
+        sched.start(req, 8)
+        req.num_computed_tokens = 8
+        req.token_ids.append(9)
+    return sched
+
+
 def snapshot(sched: Scheduler) -> dict:
     """Everything a part may change, by what the learner calls it."""
     bm = sched.bm

@@ -8,7 +8,8 @@ real engine with the learner's part in it.
   runs the reference method and the learner's on identical copies, and compares what they return and every
   piece of state they touch, per-request metrics included. The states cycle through every setting the engine
   runs the part in (`part_states.settings`), so a part that only works with the switches of its own lab fails
-  in that lab. A part that is a plain function (`stop_reason`, `slot_mapping`) has its own random cases.
+  in that lab. A scheduling step also meets a hand-built full pool where making room preempts within the step
+  (`part_states.full_decode_pool`: random states seldom do). A part that is a plain function (`stop_reason`, `slot_mapping`) has its own random cases.
 - A failure names the part, the file it is saved to (`my_engine/<component>.py`), the lab that writes it, the
   setting and the first value that differs. A "likely mistake" line comes only from a diagnoser whose evidence
   is in that difference; no solution is shown.
@@ -28,7 +29,7 @@ from dataclasses import dataclass
 from lab_utils.checks import part_calls
 from lab_utils.checks.part_calls import Call, result_view
 from lab_utils.checks.part_mistakes import MISTAKES, Diagnoser, Evidence, diagnose
-from lab_utils.checks.part_states import first_difference, random_state, settings, snapshot
+from lab_utils.checks.part_states import first_difference, full_decode_pool, random_state, settings, snapshot
 from lab_utils.course.parts import PARTS, EngineParts, LearnerPartError, check_signature
 from lab_utils.engine.block_manager import BlockManager
 from lab_utils.engine.request import Request
@@ -70,11 +71,7 @@ def _stop_reason_cases(fn: Callable, trials: int, seed: int) -> int:
         want = stop_reason(req, token, set(eos), max_model_len)
         got = fn(req, token, set(eos), max_model_len)
         if got != want:
-            hint = ("an end token does not stop a request with ignore_eos=True" if params.ignore_eos and token in eos
-                    else "a token in params.stop_token_ids stops the request ('stop')" if token in params.stop_token_ids
-                    else "'length': max_tokens counts output tokens only (req.num_output_tokens), and the whole "
-                         "sequence may not exceed max_model_len" if want == "length" or got == "length"
-                    else "an end token stops the request with 'stop'")
+            hint = _stop_reason_hint(req, token, eos, max_model_len, want, got)
             raise AssertionError(
                 f"{where('engine.stop_reason')}, case {trial}: returned {got!r}, expected {want!r} for token {token} "
                 f"(eos_ids={sorted(eos)}, ignore_eos={params.ignore_eos}, stop_token_ids={params.stop_token_ids}, "
@@ -82,6 +79,29 @@ def _stop_reason_cases(fn: Callable, trials: int, seed: int) -> int:
                 f"of max_model_len={max_model_len})\n  likely mistake: {hint}")
     print(f"engine.stop_reason: {trials} random cases agree with the reference")
     return trials
+
+
+def _stop_reason_hint(req: Request, token: int, eos: set[int], max_model_len: int, want: str | None,
+                      got: str | None) -> str:
+    """The likely mistake behind one wrong `stop_reason` answer, from the case that shows it."""
+    p = req.params
+    if p.ignore_eos and token in eos and token not in p.stop_token_ids:
+        return "an end token does not stop a request with ignore_eos=True"
+    if token in p.stop_token_ids:
+        return "a token in params.stop_token_ids stops the request ('stop')" + (
+            ", with ignore_eos=True too: ignore_eos ignores the end token only" if p.ignore_eos
+            else ", also on the last token the length allows: check the token first" if got == "length" else "")
+    if want == "stop" and got == "length":
+        return ("an end token stops the request with 'stop', also on the last token the length allows: check the "
+                "token first")
+    if want == "length" and got is None and req.num_output_tokens == p.max_tokens:
+        return f"at max_tokens={p.max_tokens} output tokens the request is done: compare with >=, not >"
+    if want == "length" and got is None and req.num_tokens == max_model_len:
+        return f"a sequence of max_model_len={max_model_len} tokens is full: compare with >=, not >"
+    if want == "length" or got == "length":
+        return ("'length': max_tokens counts output tokens only (req.num_output_tokens), and the whole sequence may "
+                "not exceed max_model_len")
+    return "an end token stops the request with 'stop'"
 
 
 def _slot_mapping_cases(fn: Callable, trials: int, seed: int) -> int:
@@ -143,17 +163,24 @@ def _promote_cases(fn: Callable, trials: int, seed: int) -> int:
 class PartCheck:
     """How `check_part` checks one part. A part of the scheduler or its block pool: `args` draws one call's
     arguments from a random state (`part_calls`), `snapshot` is what the call may change, `diagnosers` are its
-    known mistakes, `accept` the engine's guard on its result. A plain function: `cases` runs its own random
-    cases, `(fn, trials, seed) -> number of cases`."""
+    known mistakes, `accept` the engine's guard on its result, `fixed` hand-built states (what it shows, a builder
+    given the part's name) checked before the random ones. A plain function: `cases` runs its own random cases,
+    `(fn, trials, seed) -> number of cases`."""
     args: Callable[[Scheduler, random.Random], Call | None] | None = None
     snapshot: Callable[[Scheduler], dict] = snapshot
     diagnosers: tuple[Diagnoser, ...] = ()
     accept: Callable[[Scheduler, object, str], None] | None = None
     cases: Callable[[Callable, int, int], int] | None = None
+    fixed: tuple[tuple[str, Callable[[str], Scheduler]], ...] = ()
+
+
+_PREEMPTING_STEP = (("a decode step in a full pool, where making room for the oldest request preempts the newest",
+                     full_decode_pool),)
 
 
 PART_CHECKS: dict[str, PartCheck] = {
-    **{name: PartCheck(args=args, diagnosers=MISTAKES.get(name, ()), accept=accept) for name, args, accept in [
+    **{name: PartCheck(args=args, diagnosers=MISTAKES.get(name, ()), accept=accept,
+                       fixed=_PREEMPTING_STEP if accept is _step_accepted else ()) for name, args, accept in [
         ("scheduler.schedule_continuous", part_calls.step_args, _step_accepted),
         ("scheduler.schedule_token_budget", part_calls.step_args, _step_accepted),
         ("scheduler.make_room", part_calls.make_room_args, None),
@@ -217,8 +244,13 @@ def compare_call(name: str, fn: Callable, state: Scheduler, call: Callable[[Call
     except LearnerPartError as err:
         error = str(err)
     except Exception as err:
+        mutated = isinstance(err, RuntimeError) and "mutated during iteration" in str(err)
         raise failure(f"{where(name)}, {what}: your function raised {type(err).__name__}: {err}\n"
-                      f"  called: {ref_call.called}", name) from err
+                      f"  called: {ref_call.called}" + (
+                          "\n  likely mistake: self.start(req, n) takes req off self.waiting (and preempt takes a "
+                          "request off self.running) while your for loop walks that queue: loop with while "
+                          "self.waiting and take self.waiting[0], or walk a copy (list(self.running))"
+                          if mutated else ""), name) from err
     if error is None:
         ref_s, you_s = {**check.snapshot(a), **_extras(ref_call)}, {**check.snapshot(b), **_extras(you_call)}
         ref_out, you_out = result_view(ref_call.result), result_view(you_call.result)
@@ -246,6 +278,8 @@ def check_part(name: str, fn: Callable, trials: int = 150, seed: int = 0) -> int
     if check.cases is not None:
         return check.cases(fn, trials, seed)
     cases, kinds = 0, settings(name)
+    for what, build in check.fixed:
+        cases += compare_call(name, fn, build(name), lambda f, s: invoke(name, f, s, random.Random(seed)), what)
     for trial in range(trials):
         setting = kinds[trial % len(kinds)]
         state = random_state(seed * 100_000 + trial, name, setting)

@@ -58,6 +58,10 @@ def check_step(scheduler: Scheduler, out: SchedulerOutput, policy: str) -> None:
             fail(f"{req.request_id} has already {req.status.value} but was scheduled: retire finished "
                  f"requests (status.done) from self.running before scheduling")
         if req.status is not Status.RUNNING or req not in scheduler.running:
+            if any(r is req for r in out.preempted):
+                fail(f"{req.request_id} was preempted in this step (it is in out.preempted) and then scheduled: "
+                     f"making room for an older request may preempt one later in self.running, so skip a request "
+                     f"whose status is no longer Status.RUNNING")
             fail(f"{req.request_id} is scheduled but is {req.status.value}, not in self.running: admit "
                  f"with self.start(req, n), which moves it from the queue into the batch")
         remaining = req.num_tokens - req.num_computed_tokens

@@ -183,6 +183,59 @@ def decodes_without_room(self):
     return out
 
 
+def _continuous_step(self, *, iterate_waiting=False, retire_first=True, skip_preempted=True):
+    """The prefill-first step with one switch turned the wrong way (for the entries below)."""
+    out = SchedulerOutput()
+    if retire_first:
+        self.running = [r for r in self.running if not r.status.done]
+    budget = self.config.max_num_batched_tokens
+    if iterate_waiting:
+        for req in self.waiting:
+            n = req.num_tokens - req.num_computed_tokens
+            if len(self.running) >= self.config.max_num_seqs or n > budget or not self.can_start(req, n):
+                break
+            n = self.start(req, n)
+            out.scheduled.append((req, n))
+            budget -= n
+    else:
+        while self.waiting and len(self.running) < self.config.max_num_seqs:
+            req = self.waiting[0]
+            n = req.num_tokens - req.num_computed_tokens
+            if n > budget or not self.can_start(req, n):
+                break
+            n = self.start(req, n)
+            out.scheduled.append((req, n))
+            budget -= n
+    if not retire_first:
+        self.running = [r for r in self.running if not r.status.done]
+    if out.scheduled:
+        return out
+    for req in list(self.running):
+        if (req.status is Status.RUNNING or not skip_preempted) and \
+                self.make_room(req, req.num_computed_tokens + 1, out):
+            out.scheduled.append((req, 1))
+    return out
+
+
+@mistake("scheduler.schedule_continuous", "while self.waiting", None)
+def admits_while_iterating(self):
+    """for req in self.waiting while start() pops from it: the deque changes under the loop (tester)."""
+    return _continuous_step(self, iterate_waiting=True)
+
+
+@mistake("scheduler.schedule_continuous", "at the start of the step", "retire_first")
+def retires_after_admitting(self):
+    """Retires at the end of the step: admission counted finished requests as taking slots (tester)."""
+    return _continuous_step(self, retire_first=False)
+
+
+@mistake("scheduler.schedule_continuous", "no longer Status.RUNNING", "skip_preempted")
+def decodes_the_preempted(self):
+    """Decodes every request of self.running, also one that making room for an older one preempted (tester: passed
+    every random state, which rarely preempt in a step)."""
+    return _continuous_step(self, skip_preempted=False)
+
+
 @mistake("engine.stop_reason", "ignore_eos", None)
 def stops_on_eos_always(req, token, eos_ids, max_model_len):
     """An end token stops the request even with ignore_eos=True."""
@@ -197,6 +250,44 @@ def counts_all_tokens(req, token, eos_ids, max_model_len):
     if (token in eos_ids and not req.params.ignore_eos) or token in req.params.stop_token_ids:
         return "stop"
     return "length" if req.num_tokens >= req.params.max_tokens or req.num_tokens >= max_model_len else None
+
+
+def _stop(req, token, eos_ids, max_model_len, *, late_length=False, late_model_len=False, length_first=False,
+          ignore_all=False):
+    p = req.params
+    length = (req.num_output_tokens > p.max_tokens if late_length else req.num_output_tokens >= p.max_tokens) or \
+        (req.num_tokens > max_model_len if late_model_len else req.num_tokens >= max_model_len)
+    if length_first and length:
+        return "length"
+    if ignore_all:
+        stop = not p.ignore_eos and (token in eos_ids or token in p.stop_token_ids)
+    else:
+        stop = (token in eos_ids and not p.ignore_eos) or token in p.stop_token_ids
+    return "stop" if stop else "length" if length else None
+
+
+@mistake("engine.stop_reason", "compare with >=, not >", None)
+def length_one_late(req, token, eos_ids, max_model_len):
+    """num_output_tokens > max_tokens: one token too many (tester)."""
+    return _stop(req, token, eos_ids, max_model_len, late_length=True)
+
+
+@mistake("engine.stop_reason", "tokens is full", None)
+def model_len_one_late(req, token, eos_ids, max_model_len):
+    """num_tokens > max_model_len: the sequence outgrows the model's length."""
+    return _stop(req, token, eos_ids, max_model_len, late_model_len=True)
+
+
+@mistake("engine.stop_reason", "check the token first", None)
+def length_before_stop(req, token, eos_ids, max_model_len):
+    """The length checked first: an end token on the last allowed position says 'length'."""
+    return _stop(req, token, eos_ids, max_model_len, length_first=True)
+
+
+@mistake("engine.stop_reason", "ignore_eos ignores the end token only", None)
+def ignore_eos_ignores_stop_ids(req, token, eos_ids, max_model_len):
+    """ignore_eos=True silences stop_token_ids too."""
+    return _stop(req, token, eos_ids, max_model_len, ignore_all=True)
 
 
 # ================================================================ lab 02: grow, release, make_room, preempt
@@ -229,6 +320,17 @@ def grow_pops_free_ids(self, req, num_tokens):
         return False
     for _ in range(missing):
         req.block_table.append(self.free_ids.pop())
+    return True
+
+
+@mistake("block_manager.grow", "free and cached", "grow_cached_count")
+def grow_counts_free_ids_only(self, req, num_tokens):
+    """Compares the missing blocks with len(self.free_ids): cached blocks, which take_block evicts, not counted."""
+    missing = self.blocks_needed(num_tokens) - len(req.block_table)
+    if missing > len(self.free_ids):
+        return False
+    for _ in range(max(missing, 0)):
+        req.block_table.append(self.take_block())
     return True
 
 
@@ -433,7 +535,7 @@ def admits_first(self):
 
 
 def _budget_step(self, *, use_start: bool = True, after_preempt: bool = False, chunk_last: bool = True,
-                 prompt_chunks: bool = True, retire: bool = True):
+                 prompt_chunks: bool = True, retire: bool = True, skip_preempted: bool = True):
     """The token-budget step with one switch turned the wrong way (for the entries below)."""
     out = SchedulerOutput()
     if retire:
@@ -442,7 +544,7 @@ def _budget_step(self, *, use_start: bool = True, after_preempt: bool = False, c
     for req in list(self.running):
         if budget <= 0:
             break
-        if req.status is not Status.RUNNING:
+        if req.status is not Status.RUNNING and skip_preempted:
             continue
         left = req.num_tokens - req.num_computed_tokens
         n = min(left, budget) if prompt_chunks else 1
@@ -498,11 +600,24 @@ def budget_no_retire(self):
     return _budget_step(self, retire=False)
 
 
+@mistake("scheduler.schedule_token_budget", "no longer Status.RUNNING", "skip_preempted")
+def budget_schedules_the_preempted(self):
+    """Gives every request of self.running its tokens, also one preempted earlier in the loop (tester: passed every
+    random state)."""
+    return _budget_step(self, skip_preempted=False)
+
+
 # ================================================================ lab 04: the prefix cache
 @mistake("block_manager.hash_block", "parent_hash", None)
 def hash_without_parent(self, parent_hash, token_ids):
     """A block's name from its own tokens only."""
     return hash(token_ids)
+
+
+@mistake("block_manager.hash_block", "hash((parent_hash, token_ids))", None)
+def hash_sum(self, parent_hash, token_ids):
+    """Chains by adding the parent's name (tester: was told the name ignores parent_hash, which it does not)."""
+    return hash(token_ids) + (parent_hash or 0)
 
 
 def _match(self, req, *, check_flag=True, leave_one=True, compare_ids=True, stop=True):
@@ -550,6 +665,31 @@ def match_trusts_the_name(self, req):
 def match_past_a_miss(self, req):
     """Skips a block that misses and goes on matching."""
     return _match(self, req, stop=False)
+
+
+@mistake("block_manager.match_prefix", "(num_prompt_tokens - 1) // block_size", "match_bound")
+def match_leaves_a_block(self, req):
+    """Leaves a whole block to compute (num_prompt_tokens // block_size - 1 blocks), not one token."""
+    if not self.enable_prefix_caching:
+        return []
+    found, name, B = [], None, self.block_size
+    for i in range(req.num_prompt_tokens // B - 1):
+        ids = tuple(req.prompt_token_ids[i * B:(i + 1) * B])
+        name = self.hash_block(name, ids)
+        bid = self.hash_to_block.get(name)
+        if bid is None or self.blocks[bid].token_ids != ids:
+            break
+        found.append(bid)
+    return found
+
+
+@mistake("block_manager.match_prefix", "changes nothing", "match_looks_only")
+def match_takes_refs(self, req):
+    """Counts a reference on each block it finds, as if matching attached them (admit does that)."""
+    found = _match(self, req)
+    for bid in found:
+        self.blocks[bid].ref_count += 1
+    return found
 
 
 def _commit(self, req, *, check_flag=True, keep_ids=True, setdefault=True, computed=True, chain=True):
@@ -601,6 +741,37 @@ def commit_unchained(self, req):
     _commit(self, req, chain=False)
 
 
+@mistake("block_manager.commit_full_blocks", "not only the newest", "commit_every_block")
+def commit_last_block_only(self, req):
+    """Names only the block the newest token filled: a step that fills several (a prompt, a chunk) names one."""
+    if not self.enable_prefix_caching:
+        return
+    B = self.block_size
+    i = min(req.num_computed_tokens, req.num_tokens) // B - 1
+    if i < 0 or self.blocks[req.block_table[i]].hash is not None:
+        return
+    block = self.blocks[req.block_table[i]]
+    parent = self.blocks[req.block_table[i - 1]].hash if i > 0 else None
+    ids = tuple(req.token_ids[i * B:(i + 1) * B])
+    block.hash, block.token_ids = self.hash_block(parent, ids), ids
+    self.hash_to_block.setdefault(block.hash, block.block_id)
+
+
+@mistake("block_manager.commit_full_blocks", "output tokens", "commit_output_ids")
+def commit_prompt_ids(self, req):
+    """Takes each block's ids from the prompt: a full block of output tokens gets a wrong name."""
+    if not self.enable_prefix_caching:
+        return
+    B, parent = self.block_size, None
+    for i in range(min(req.num_computed_tokens, req.num_tokens) // B):
+        ids = tuple(req.prompt_token_ids[i * B:(i + 1) * B])
+        parent = self.hash_block(parent, ids)
+        block = self.blocks[req.block_table[i]]
+        if block.hash is None:
+            block.hash, block.token_ids = parent, ids
+            self.hash_to_block.setdefault(parent, block.block_id)
+
+
 @mistake("block_manager.recycle", "stays cached", "recycle_keep")
 def recycle_frees_everything(self, block_id):
     """Frees every block: nothing is ever cached."""
@@ -641,6 +812,17 @@ def recycle_frees_with_its_name(self, block_id):
         self.free_ids.append(block_id)
 
 
+@mistake("block_manager.recycle", "goes to one place", "recycle_one_place")
+def recycle_both_lists(self, block_id):
+    """Caches a named block and also puts it on the free list."""
+    block = self.blocks[block_id]
+    if block.hash is not None and self.hash_to_block.get(block.hash) == block_id:
+        self.evictable[block_id] = None
+    else:
+        block.hash, block.token_ids = None, ()
+    self.free_ids.append(block_id)
+
+
 @mistake("block_manager.evict", "another block than the least recently used", "evict_lru")
 def evict_newest(self):
     """Evicts the most recently used block (injection test)."""
@@ -655,4 +837,14 @@ def evict_newest(self):
 def evict_keeps_the_name(self):
     """Takes the block out of the LRU list but leaves its name in hash_to_block."""
     block_id, _ = self.evictable.popitem(last=False)
+    return block_id
+
+
+@mistake("block_manager.evict", "out of self.evictable", "evict_unlist")
+def evict_leaves_it_listed(self):
+    """Reads the front of self.evictable (next(iter(...))) without removing it."""
+    block_id = next(iter(self.evictable))
+    block = self.blocks[block_id]
+    del self.hash_to_block[block.hash]
+    block.hash, block.token_ids = None, ()
     return block_id

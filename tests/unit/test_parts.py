@@ -46,7 +46,7 @@ def no_retire(self):
         budget -= n
     if not out.scheduled:
         for req in list(self.running):
-            if self.make_room(req, req.num_computed_tokens + 1, out):
+            if req.status is Status.RUNNING and self.make_room(req, req.num_computed_tokens + 1, out):
                 out.scheduled.append((req, 1))
     return out
 
