@@ -729,4 +729,14 @@ HINTS: dict[str, tuple[str, str, str]] = {
         "P ← total prompt length over the outputs;  C ← total cached count over the outputs\n"
         "answer  prompt_tokens P, cached_tokens C, computed_tokens P − C",
     ),
+    "15.route": (
+        "Turn the small model's scores into probabilities over the options; how sure it is equals the probability of "
+        "its favourite. Sure enough keeps the request on the small model. Nothing about the right answer may enter.",
+        "1. Subtract the largest score from each (so nothing overflows) and exponentiate.\n"
+        "2. The confidence is 1 over the sum of those numbers (the favourite's share).\n"
+        "3. Compare it with the threshold: at or above it the small model answers, below it the target does.",
+        "m ← largest score\n"
+        "confidence ← 1 / (sum over the scores s of e^(s − m))\n"
+        "answer  small if confidence reaches the threshold, otherwise target",
+    ),
 }

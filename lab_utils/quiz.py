@@ -344,8 +344,8 @@ QUESTIONS: dict[str, list[Question]] = {
            "compute for its prompt?",
            ["1,000 tokens", "40 tokens (the rest came from the prefix cache)", "960 tokens", "1,960 tokens"], "b",
            "Cached tokens are not run through the model: only 1,000 - 960 = 40 are prefilled."),
-        _c("router_side", "A router sends a request to the small model when the small model's confidence over its "
-           "first tokens is...",
+        _c("router_side", "A router sends a request to the small model when the small model's confidence in its own "
+           "answer is...",
            ["below the threshold", "at or above the threshold", "exactly the threshold", "unknown: it waits for the "
             "target's answer"], "b",
            "Confident requests stay on the cheap model; doubtful ones go to the target. A signal that needs the "

@@ -14,9 +14,11 @@ import random
 from collections.abc import Callable
 
 from lab_utils.checks.claims import Claim
-from lab_utils.efficiency import fanout
+from lab_utils.efficiency import fanout, routing
 
 FAN_OUT_PART = "efficiency.fan_out"
+ROUTE_PART = "efficiency.route"
+AREA_BAR = 0.03  # answers kept above the straight line, averaged over the cost range
 BLOCK = 16
 
 
@@ -119,6 +121,82 @@ def check_prompt_usage(fn: Callable, seed: int | None = 0) -> None:
     print(f"✔ check_prompt_usage: {truth} of {want['prompt_tokens']} prompt tokens computed, as the engine counts them")
 
 
+def _route_cases(rng: random.Random, n: int) -> list[tuple]:
+    """(task, small_scores, threshold) cases: the course's tasks, random option scores, thresholds in (0.3, 1)."""
+    from lab_utils.efficiency.tasks import routing_tasks
+
+    tasks = routing_tasks(rng.randrange(1000))
+    cases = []
+    for i in range(n):
+        task = tasks[i % len(tasks)]
+        scores = [rng.uniform(-12.0, -0.5) for _ in task.options]
+        cases.append((task, scores, rng.uniform(0.3, 0.99)))
+    return cases
+
+
+def check_route(fn: Callable, seed: int | None = 0, cases: int = 300) -> None:
+    """`fn(task, small_scores, threshold) -> "small" | "target"` against the reference on random option scores;
+    names a router that reads the task's answer, one on the wrong side of its threshold and one that thresholds
+    raw log-probabilities. Submits `fn`."""
+    import dataclasses
+
+    from lab_utils.course import learner_parts
+
+    rng = random.Random(seed)
+    got, want, raw = [], [], []
+    for task, scores, threshold in _route_cases(rng, cases):
+        decision = fn(task, list(scores), threshold)
+        if decision not in ("small", "target"):
+            raise AssertionError(f"return 'small' or 'target', got {decision!r}")
+        other = dataclasses.replace(task, answer=(task.answer + 1) % len(task.options))
+        if fn(other, list(scores), threshold) != decision:
+            raise AssertionError(
+                f"{task.prompt!r} {task.options}: your router decided differently when only task.answer changed: it "
+                "reads the answer, which no router has when it decides (the lab grades with it). Route from the "
+                "small model's scores (and the statement and options) only")
+        got.append(decision)
+        want.append(routing.route(task, scores, threshold))
+        raw.append("small" if max(scores) >= threshold else "target")
+    if got != want:
+        i = next(k for k, (a, b) in enumerate(zip(got, want)) if a != b)
+        flipped = sum(a != b for a, b in zip(got, want))
+        if flipped == len(got):
+            why = ("every decision is the other side: a confident small model (confidence >= threshold) keeps the "
+                   "request; a doubtful one sends it to the target")
+        elif got == raw:
+            why = ("you thresholded a raw log-probability: the confidence is the probability the small model gives its "
+                   "own pick, the largest entry of the softmax over its option scores (between 0 and 1)")
+        else:
+            why = "the confidence is the largest entry of the softmax over the small model's option scores"
+        task, scores, threshold = _route_cases(random.Random(seed), i + 1)[i]
+        raise AssertionError(f"scores {[round(x, 2) for x in scores]}, threshold {threshold:.3f}: your router says "
+                             f"{got[i]!r}, expected {want[i]!r} (confidence {routing.confidence(scores):.3f}); "
+                             f"{flipped} of {len(got)} decisions differ: {why}")
+    print(f"✔ check_route: {cases} random cases decided as the reference, and never from the answer")
+    learner_parts.submit(ROUTE_PART, fn)
+
+
+def routing_claims(r: dict) -> list[Claim]:
+    """The routing claims: the curve of the learner's router (`curve`, points with cost and kept) against the
+    straight line between its endpoints, beside a router that ignores its signal (`random_curve`)."""
+    from lab_utils.checks.claims import need, parts_called
+
+    need(r, "curve", "random_curve", "route_calls")
+    pts, rnd = r["curve"], r["random_curve"]
+    small, full = pts[0], pts[-1]
+    area, best, area_rnd = (routing.area_over_line(pts), routing.gain_over_line(pts),
+                            routing.area_over_line(rnd))
+    return [
+        (f"measured: always small costs {small.cost:.0%} of always target's compute and keeps {small.kept:.0%} of its "
+         f"answers (both endpoints measured in this run): routing has something to trade",
+         small.cost < full.cost and small.kept < full.kept),
+        (f"measured: your router's curve lies above the straight line between the endpoints by {area:+.3f} answers "
+         f"kept on average over the cost range (best setting {best:+.3f}; bar {AREA_BAR}); a router that ignores "
+         f"its signal: {area_rnd:+.3f}", area >= AREA_BAR),
+        parts_called("the routing curve", r["route_calls"], [ROUTE_PART]),
+    ]
+
+
 def claims(r: dict) -> list[Claim]:
     """Lab 15's claims from the run's measurements: per serving mode ("one by one", "all at once", "fan-out")
     the engine's computed prompt tokens (`computed`), the most requests in one step (`batch`), the per-round wall
@@ -150,7 +228,7 @@ def claims(r: dict) -> list[Claim]:
          r["usage_computed"] == fan),
         parts_called("the fan-out", r["calls"], [FAN_OUT_PART]),
     ]
-    return out
+    return out + (routing_claims(r["routing"]) if "routing" in r else [])
 
 
 def assert_claims(r: dict, show: bool = True) -> None:

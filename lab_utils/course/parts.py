@@ -158,6 +158,10 @@ PARTS: dict[str, Part] = {p.name: p for p in [
     Part("efficiency.fan_out", "15", "(engine, prompts, params) -> list[RequestOutput]",
          "sub-tasks sharing a prefix: the first until its prompt is computed, then the rest together (prefix once)",
          ref="lab_utils.efficiency.fanout:fan_out"),
+    # lab 15: token efficiency: routing between a small model and the target
+    Part("efficiency.route", "15", "(task, small_scores, threshold) -> str",
+         "'small' when the small model's confidence in its pick (softmax over its option scores) >= threshold",
+         ref="lab_utils.efficiency.routing:route"),
 ]}
 
 

@@ -4,5 +4,6 @@
   the engine (the prefix cache computes the shared prefix once, continuous batching decodes them together), with
   the prompt tokens the engine really computed.
 - `routing`: a router that sends each request to a small model or the target from a signal known early (the small
-  model's confidence over its first tokens), and the cost/quality curve as its threshold moves.
+  model's confidence in its own answer), and the cost/quality curve as its threshold moves.
+- `tasks`: the routing tasks, each with options and a checkable answer.
 """

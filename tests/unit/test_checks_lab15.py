@@ -57,3 +57,36 @@ def test_prompt_usage_reference_passes_and_cached_as_computed_is_named(capsys):
 
     with pytest.raises(AssertionError, match="cached ones counted as computed"):
         lab15.check_prompt_usage(cached_as_computed)
+
+
+def test_route_reference_passes_and_is_saved(capsys, learner_dir):
+    from lab_utils.efficiency import routing
+
+    lab15.check_route(routing.route)
+    assert "✔ check_route" in capsys.readouterr().out
+    assert "def route(" in (learner_dir / "efficiency.py").read_text()
+
+
+def _wrong_side(task, scores, threshold):
+    from lab_utils.efficiency.routing import confidence
+
+    return "target" if confidence(scores) >= threshold else "small"
+
+
+def _reads_the_answer(task, scores, threshold):
+    return "small" if max(range(len(scores)), key=scores.__getitem__) == task.answer else "target"
+
+
+def _raw_logprob(task, scores, threshold):
+    return "small" if max(scores) >= threshold else "target"
+
+
+@pytest.mark.parametrize("wrong, message", [
+    (_wrong_side, "the other side"),
+    (_reads_the_answer, "reads the answer"),
+    (_raw_logprob, "raw log-probability"),
+    (lambda task, scores, threshold: True, "'small' or 'target'"),
+])
+def test_wrong_routers_are_named(wrong, message):
+    with pytest.raises(AssertionError, match=message):
+        lab15.check_route(wrong)

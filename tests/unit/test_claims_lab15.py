@@ -67,3 +67,68 @@ def test_a_fan_out_that_computes_the_prefix_once_a_subtask_fails_on_a_real_engin
                                       usage_computed=good_runs["fan-out"][-1]["computed"],
                                       calls={"efficiency.fan_out": 1})))
     assert all(ok for text, ok in verdicts.items() if "prefix once" in text or "all at once" in text), verdicts
+
+
+# ------------------------------------------------------------------------------------------------- routing
+def _scored(seed: int = 0):
+    """Synthetic option scores for the course's tasks: the target right on 38 of 40; the small model right on
+    about two thirds, confident where it agrees with the target and doubtful where it does not (a useful signal)."""
+    from lab_utils.efficiency.routing import Scored
+    from lab_utils.efficiency.tasks import routing_tasks
+
+    rng = random.Random(seed)
+    tasks = routing_tasks(0)
+    target, small = [], []
+    for i, t in enumerate(tasks):
+        t_pick = t.answer if i % 20 else 1 - t.answer
+        target.append([-1.0 if k == t_pick else -5.0 for k in range(len(t.options))])
+        agrees = rng.random() < 0.65
+        pick, margin = (t_pick, rng.uniform(2.0, 5.0)) if agrees else (1 - t_pick, rng.uniform(0.1, 1.5))
+        small.append([-1.0 if k == pick else -1.0 - margin for k in range(len(t.options))])
+    picks = lambda ss: [max(range(len(s)), key=s.__getitem__) for s in ss]  # noqa: E731
+    tokens = [14] * len(tasks)
+    return (tasks, Scored(small, picks(small), tokens, 1.0, 7_000_000),
+            Scored(target, picks(target), tokens, 2.0, 135_000_000))
+
+
+def _routing_r(router=None, random_seed=0):
+    from lab_utils.efficiency import routing
+
+    tasks, small, target = _scored()
+    points = routing.curve(tasks, small, target, router or routing.route)
+    return dict(curve=points, random_curve=routing.random_curve(tasks, small, target, seed=random_seed),
+                route_calls={"efficiency.route": len(points)})
+
+
+def test_a_router_with_a_signal_passes(capsys):
+    lab15.assert_claims(dict(good(), routing=_routing_r()))
+    assert "FAIL" not in capsys.readouterr().out
+
+
+def _random_router(seed):
+    rng = random.Random(seed)
+    return lambda task, scores, threshold: "small" if rng.random() < threshold else "target"
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_a_random_router_fails_the_curve_claim(seed):
+    """A router that ignores its signal: its curve is the straight line between the endpoints, give or take."""
+    with pytest.raises(AssertionError, match="above the straight line"):
+        lab15.assert_claims(dict(good(), routing=_routing_r(_random_router(seed))), show=False)
+
+
+def test_a_router_on_the_wrong_side_fails_the_curve_claim():
+    from lab_utils.efficiency.routing import confidence
+
+    def wrong_side(task, scores, threshold):
+        return "target" if confidence(scores) >= threshold else "small"
+
+    with pytest.raises(AssertionError, match="above the straight line"):
+        lab15.assert_claims(dict(good(), routing=_routing_r(wrong_side)), show=False)
+
+
+def test_a_router_that_never_ran_fails():
+    r = _routing_r()
+    r["route_calls"] = {}
+    with pytest.raises(AssertionError, match="never called"):
+        lab15.assert_claims(dict(good(), routing=r), show=False)
