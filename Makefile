@@ -48,6 +48,11 @@ else
 	$(PY) -m pip install -q $(TORCH_INDEX) "$(TORCH_SPEC)"
 endif
 	$(PY) -m pip install -q -e ".[dev]"
+	# nbgrader (dev extra: its generate_assignment beside lab_utils student) brings JupyterLab and server
+	# extensions that learners do not use: off in this venv (instructors who run nbgrader turn them back on)
+	-@$(VENV)/bin/jupyter labextension disable --level=sys_prefix @jupyter/nbgrader >/dev/null 2>&1
+	-@for e in formgrader validate_assignment assignment_list course_list; do \
+	  $(VENV)/bin/jupyter server extension disable --sys-prefix nbgrader.server_extensions.$$e >/dev/null 2>&1; done
 ifeq ($(HAVE_GPU),1)
 	$(PY) -c "import torch, sys; ok = torch.cuda.is_available(); print('torch', torch.__version__, 'CUDA usable:', ok); sys.exit(0 if ok else 'nvidia-smi sees a GPU but torch ' + torch.__version__ + ' cannot use it: set TORCH_SPEC/TORCH_INDEX for this driver (CUDA $(CUDA_MAJOR))')"
 endif

@@ -88,7 +88,8 @@ c.SharedPasswordAuthenticator.user_password = {o.code!r}
 c.SharedPasswordAuthenticator.admin_password = {o.admin_password!r}  # the instructors' own
 c.Authenticator.allow_all = True"""
     else:
-        auth = """c.JupyterHub.authenticator_class = "native"  # learners sign up; an admin approves at /hub/authorize
+        auth = """# learners sign up; an admin approves at /hub/authorize (NativeAuthenticator, its login mended for JupyterHub 6)
+c.JupyterHub.authenticator_class = "lab_utils.workshop.native_auth.WorkshopNativeAuthenticator"
 c.NativeAuthenticator.open_signup = False
 c.NativeAuthenticator.minimum_password_length = 8
 c.Authenticator.allow_all = True  # approval is NativeAuthenticator's own gate"""

@@ -236,3 +236,68 @@ def test_a_room_on_one_box(hub):
 
     for name in ("ada", "bob"):
         assert hub.call("DELETE", f"/hub/api/users/{name}/server", token=tok[name])[0] in (202, 204)
+
+
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+CHROME_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking",
+               "--disable-component-update", "--disable-sync", "--disable-quic"]
+
+
+def test_a_learner_signs_up_is_approved_logs_in_and_opens_lab_00_in_a_browser(hub):
+    """The room's day through the hub's own pages in Chromium: a learner signs up, an instructor approves them at
+    /hub/authorize, the learner logs in, their server starts with their copies and lab 00 opens from them."""
+    if not Path(CHROMIUM).exists():
+        pytest.skip("needs Debian's chromium (apt-get install chromium)")
+    sync_api = pytest.importorskip("playwright.sync_api", reason="needs the playwright package")
+    password = {"cleo": secrets.token_urlsafe(12), "teach": secrets.token_urlsafe(12)}
+    shots = REPO / "out" / "e2e"
+    shots.mkdir(parents=True, exist_ok=True)
+
+    def sign_up(page, name: str) -> str:
+        page.goto(f"{hub.base}/hub/signup")
+        page.fill("#username_input", name)
+        page.fill("#password_input", password[name])
+        page.fill("#password_confirmation_input", password[name])
+        page.click("#signup_submit")
+        page.wait_for_load_state()
+        return page.inner_text("body")
+
+    def log_in(page, name: str) -> None:
+        page.goto(f"{hub.base}/hub/login")
+        page.fill("#username_input", name)
+        page.fill("#password_input", password[name])
+        page.click("#login_submit")
+
+    with sync_api.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROME_ARGS, headless=True)
+        try:
+            learner = browser.new_context(viewport={"width": 1400, "height": 1000}).new_page()
+            assert "sent to the admin" in sign_up(learner, "cleo")  # the learner waits for an instructor
+            log_in(learner, "cleo")
+            learner.wait_for_load_state()
+            assert "/hub/login" in learner.url  # not approved yet: still at the login page
+
+            teach = browser.new_context().new_page()
+            sign_up(teach, "teach")  # an instructor is approved as they sign up
+            log_in(teach, "teach")
+            teach.wait_for_url("**/hub/**", timeout=60_000)
+            teach.goto(f"{hub.base}/hub/authorize")
+            teach.click("a[href$='authorize/cleo']")
+            teach.wait_for_load_state()
+
+            log_in(learner, "cleo")  # approved: the hub starts cleo's server and sends her to her copies
+            learner.wait_for_url("**/user/cleo/lab**", timeout=180_000)
+            _wait_ready(hub, "cleo")
+            learner.goto(f"{hub.base}/user/cleo/lab/tree/student/00_foundations.ipynb", timeout=120_000)
+            learner.wait_for_selector(".jp-NotebookPanel .jp-Cell", timeout=120_000)
+            # the open document's tab: the learner's copy in student/, its kernel started
+            learner.wait_for_selector(".lm-TabBar-tab.lm-mod-current[title*='Path: student/00_foundations.ipynb']",
+                                      timeout=60_000)
+            learner.wait_for_selector(".jp-DirListing-item.jp-mod-running[title*='00_foundations.ipynb']",
+                                      timeout=60_000)
+            assert "Foundations" in learner.locator(".jp-NotebookPanel .jp-Cell").first.inner_text()
+            learner.screenshot(path=str(shots / "workshop_hub_lab00.png"))
+        finally:
+            browser.close()
+    assert (hub.homes / "cleo" / "student" / "00_foundations.ipynb").exists()
+    assert hub.call("DELETE", "/hub/api/users/cleo/server")[0] in (202, 204)

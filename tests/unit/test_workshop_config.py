@@ -49,7 +49,8 @@ def test_the_config_binds_loopback_approves_accounts_and_limits_each_learner(tmp
     o = _options(tmp_path, unix_users=False)
     c = _load(render(o))
     hub = c.JupyterHub
-    assert (hub.ip, hub.hub_ip, hub.authenticator_class) == ("127.0.0.1", "127.0.0.1", "native")
+    assert (hub.ip, hub.hub_ip) == ("127.0.0.1", "127.0.0.1")
+    assert hub.authenticator_class == "lab_utils.workshop.native_auth.WorkshopNativeAuthenticator"
     assert c.NativeAuthenticator.open_signup is False and c.Authenticator.admin_users == {"teach"}
     assert hub.spawner_class == "simple" and c.SimpleLocalProcessSpawner.home_dir_template.endswith("homes/{username}")
     assert c.Spawner.cmd[1:] == ["-m", "lab_utils.workshop.singleuser"]
