@@ -12,8 +12,10 @@ original), or refuses it:
 - an object's `required` keys missing from `properties` are added to them (any value), and objects get only
   the keys their `properties` name (`additionalProperties` is narrowed to false): keys are then written once
   each, in order, so no key is ever repeated;
+- `allOf` is merged into one schema and `oneOf` becomes an `anyOf` of disjoint branches (combine.py: the
+  compiler itself does not intersect schemas nor enforce "exactly one"), or they are refused saying why;
 - keywords the grammar cannot enforce are refused by name (`uniqueItems` unless `maxItems` <= 1, `not`,
-  `if`/`then`/`else`, `oneOf`, `allOf`, `contains`, `dependentRequired`, `patternProperties`, `propertyNames`,
+  `if`/`then`/`else`, `contains`, `dependentRequired`, `patternProperties`, `propertyNames`,
   `unevaluated*`, `$dynamicRef`, a `multipleOf` that is not an integer's, a `$ref` outside this document);
 - a schema no finite value can meet is refused: `minProperties` above the keys it names, `maxProperties` below
   its required keys, or a `$ref` cycle through required properties or non-empty arrays
@@ -24,12 +26,12 @@ from __future__ import annotations
 
 import copy
 
+from lab_utils.structured.combine import flatten_all_of, one_of_as_any_of
+
 UNSUPPORTED = {
     "not": "the grammar cannot exclude a schema",
     "if": "conditional schemas are not enforced", "then": "conditional schemas are not enforced",
     "else": "conditional schemas are not enforced",
-    "oneOf": "the grammar cannot enforce 'exactly one'; use anyOf when the branches cannot overlap",
-    "allOf": "the grammar does not intersect schemas; merge them into one",
     "contains": "not enforced", "minContains": "not enforced", "maxContains": "not enforced",
     "dependentRequired": "not enforced", "dependentSchemas": "not enforced", "dependencies": "not enforced",
     "patternProperties": "only the keys named in properties are generated",
@@ -62,7 +64,8 @@ def prepare_schema(schema: dict) -> dict:
         raise Unsupported(f"a JSON schema must be an object, got {type(schema).__name__}")
     try:
         out = copy.deepcopy(schema)
-        _Walker().walk(out, "#")
+        _refuse_refs_into_combinators(out)
+        _Walker(out).walk(out, "#")
         producible = _producible(out, out, "#", frozenset(), [0])
     except (TypeError, AttributeError, KeyError, IndexError, RecursionError) as err:  # e.g. "type": [{}]
         raise Unsupported(f"the schema is malformed ({type(err).__name__}: {err})") from None
@@ -72,9 +75,28 @@ def prepare_schema(schema: dict) -> dict:
     return out
 
 
+def _refuse_refs_into_combinators(node) -> None:
+    """A `$ref` into an allOf / oneOf member would point nowhere once they are merged: refused."""
+    stack = [node]
+    while stack:
+        x = stack.pop()
+        if isinstance(x, dict):
+            ref = x.get("$ref")
+            if isinstance(ref, str) and ("/allOf/" in ref or "/oneOf/" in ref):
+                raise Unsupported(f"$ref {ref!r} points inside an allOf / oneOf member; move that schema to $defs")
+            stack.extend(x.values())
+        elif isinstance(x, list):
+            stack.extend(x)
+
+
 class _Walker:
-    def __init__(self) -> None:
+    def __init__(self, root: dict) -> None:
         self.nodes = 0
+        self.root = root
+
+    def narrowed(self, node: dict, where: str) -> dict:
+        self.walk(node, where)
+        return node
 
     def walk(self, node, where: str) -> None:
         self.nodes += 1
@@ -82,6 +104,14 @@ class _Walker:
             raise Unsupported(f"the schema has more than {MAX_NODES} subschemas")
         if not isinstance(node, dict):
             return
+        if "allOf" in node:  # merged into one schema (the compiler does not intersect schemas)
+            merged = flatten_all_of(node, self.root, where, Unsupported, Unsatisfiable)
+            node.clear()
+            node.update(merged)
+        if "oneOf" in node:  # an anyOf of disjoint branches (the compiler cannot enforce "exactly one")
+            replaced = one_of_as_any_of(node, self.root, where, self.narrowed, Unsupported, Unsatisfiable)
+            node.clear()
+            node.update(replaced)
         for key, why in UNSUPPORTED.items():
             if key in node:
                 raise Unsupported(f"{where}: {key!r} is not supported ({why})")

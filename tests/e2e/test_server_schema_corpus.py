@@ -18,7 +18,8 @@ from lab_utils.server.app import create_app  # noqa: E402
 
 SUITE = Path(__file__).parents[1] / "data" / "json_schema_test_suite"
 FILES = ["required", "properties", "additionalProperties", "minProperties", "maxProperties", "enum", "items",
-         "prefixItems", "anyOf", "minLength", "maxLength", "minimum", "minItems", "maxItems", "pattern", "ref"]
+         "prefixItems", "anyOf", "allOf", "oneOf", "minLength", "maxLength", "minimum", "minItems", "maxItems",
+         "pattern", "ref"]
 
 
 def _corpus() -> tuple[list, list]:

@@ -116,3 +116,37 @@ def test_invalid_structured_requests_get_a_400_naming_the_problem(client, kwargs
 def test_server_still_serves_after_bad_schemas(client):
     r = httpx.get(str(client.base_url).removesuffix("/v1/") + "/health")
     assert r.json() == {"status": "ok"}
+
+
+ANIMAL = {"$defs": {"named": {"type": "object", "properties": {"name": {"type": "string", "maxLength": 8}},
+                              "required": ["name"]}},
+          "allOf": [{"$ref": "#/$defs/named"},
+                    {"oneOf": [{"properties": {"kind": {"const": "cat"}, "lives": {"type": "integer", "minimum": 1,
+                                                                                   "maximum": 9}},
+                                "required": ["kind", "lives"]},
+                               {"properties": {"kind": {"const": "dog"}, "good": {"type": "boolean"}},
+                                "required": ["kind", "good"]}]}]}
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_all_of_and_one_of_are_served_and_validate(client, temperature):
+    """allOf merged into one schema, a oneOf of disjoint branches (a const discriminator) as their anyOf: every
+    output validates against the schema as sent."""
+    for seed in range(3 if temperature else 1):
+        out = client.chat.completions.create(model=MODEL, messages=MSG, max_tokens=120, temperature=temperature,
+                                             seed=seed, response_format={"type": "json_schema", "json_schema": {
+                                                 "name": "animal", "schema": ANIMAL}})
+        assert out.choices[0].finish_reason == "stop", out
+        jsonschema.validate(json.loads(out.choices[0].message.content), ANIMAL)
+
+
+@pytest.mark.parametrize("schema,words", [
+    ({"oneOf": [{"type": "integer"}, {"minimum": 2}]}, "oneOf branches 0 and 1 may both match"),
+    ({"allOf": [{"type": "string", "pattern": "^a"}, {"pattern": "b$"}]}, "'pattern' differently"),
+])
+def test_one_of_that_may_overlap_and_all_of_that_cannot_merge_are_a_precise_400(client, schema, words):
+    with pytest.raises(openai.BadRequestError) as info:
+        client.chat.completions.create(model=MODEL, messages=MSG, max_tokens=20, response_format={
+            "type": "json_schema", "json_schema": {"name": "s", "schema": schema}})
+    error = info.value.body
+    assert error["param"] == "response_format" and words in error["message"], error

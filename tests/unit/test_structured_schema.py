@@ -80,7 +80,16 @@ def test_free_keys_are_never_repeated():
 @pytest.mark.parametrize("schema,kind,match", [
     ({"type": "array", "uniqueItems": True}, Unsupported, "uniqueItems"),
     ({"not": {"type": "string"}}, Unsupported, "not"),
-    ({"oneOf": [{"type": "integer"}, {"type": "number"}]}, Unsupported, "oneOf"),
+    ({"oneOf": [{"type": "integer"}, {"type": "number"}]}, Unsupported, "oneOf branches 0 and 1 may both"),
+    ({"oneOf": [{"type": "object", "required": ["a"]}, {"type": "object", "properties": {"a": {}, "b": {}}}]},
+     Unsupported, "oneOf branches 0 and 1"),  # {"a": 1} meets both
+    ({"allOf": [{"type": "string", "pattern": "^a"}, {"pattern": "b$"}]}, Unsupported, "'pattern' differently"),
+    ({"allOf": [{"type": "string"}, {"type": "integer"}]}, Unsatisfiable, "of type"),
+    ({"allOf": [{"properties": {"a": {}}, "additionalProperties": False}, {"required": ["b"]}]}, Unsatisfiable,
+     "'b' is required"),
+    ({"allOf": [{"$ref": "#"}]}, Unsupported, "deep"),
+    ({"$defs": {"x": {"type": "integer"}}, "properties": {"p": {"$ref": "#/allOf/0"}}, "allOf": [{"type": "object"}]},
+     Unsupported, "inside an allOf"),
     ({"type": "number", "multipleOf": 1.5}, Unsupported, "multipleOf"),
     ({"$ref": "http://example.com/s.json"}, Unsupported, "only references inside"),
     ({"$ref": "#"}, Unsatisfiable, "cycle"),
@@ -94,6 +103,36 @@ def test_free_keys_are_never_repeated():
 def test_schemas_that_cannot_be_served_are_refused_with_the_reason(schema, kind, match):
     with pytest.raises(kind, match=match):
         prepare_schema(schema)
+
+
+PET = {"oneOf": [{"type": "object", "properties": {"kind": {"const": "cat"}, "lives": {"type": "integer"}},
+                  "required": ["kind", "lives"]},
+                 {"type": "object", "properties": {"kind": {"const": "dog"}, "good": {"type": "boolean"}},
+                  "required": ["kind"]}]}
+BASE = {"type": "object", "properties": {"id": {"type": "integer"}}, "required": ["id"]}
+
+
+@pytest.mark.parametrize("schema,bad,good", [
+    ({"allOf": [BASE, {"properties": {"name": {"type": "string"}}, "required": ["name"]}]},
+     {"id": 1}, {"id": 1, "name": "x"}),  # xgrammar alone: any JSON value
+    ({"$defs": {"base": BASE}, "allOf": [{"$ref": "#/$defs/base"}, {"required": ["tag"]}]}, {"tag": 1},
+     {"id": 1, "tag": 1}),
+    ({"allOf": [{"type": "integer", "minimum": 3}, {"maximum": 5}]}, 6, 4),
+    ({"allOf": [{"properties": {"a": {"type": "integer"}}, "additionalProperties": False},
+                {"properties": {"b": {"type": "string"}}}]}, {"a": 1, "b": "x"}, {"a": 1}),  # b: forbidden by the first
+    ({"allOf": [{"enum": [1, 2, "x"]}, {"type": "integer"}]}, "x", 2),
+    ({"allOf": [{"prefixItems": [{"type": "integer"}]}, {"items": {"minimum": 5}}], "type": "array"}, [3], [5, 6]),
+    (PET, {"kind": "cat", "good": True}, {"kind": "cat", "lives": 9}),  # a discriminated union
+    (PET, {"kind": "dog", "good": 1}, {"kind": "dog", "good": True}),
+    ({"oneOf": [{"type": "string"}, {"type": "integer"}, {"type": "null"}]}, 1.5, None),
+    ({"type": "object", "oneOf": [{"required": ["foo", "bar"]}, {"required": ["foo", "baz"]}]}, {"foo": 1},
+     {"foo": 1, "bar": 2}),
+])
+def test_all_of_is_merged_and_disjoint_one_of_is_served(schema, bad, good):
+    grammar = _grammar(schema)
+    assert grammar is not None
+    assert not accepts(grammar, _text(bad)) and accepts(grammar, _text(good))
+    assert Draft202012Validator(schema).is_valid(good) and not Draft202012Validator(schema).is_valid(bad)
 
 
 def test_satisfiable_schemas_and_optional_cycles_are_served():
@@ -111,6 +150,7 @@ def test_any_json_value_as_a_schema_is_served_or_a_value_error():
     from hypothesis import strategies as st
 
     keys = st.sampled_from(["type", "properties", "required", "items", "prefixItems", "anyOf", "$ref", "$defs",
+                            "allOf", "oneOf", "const", "minimum",
                             "minProperties", "maxProperties", "uniqueItems", "maxItems", "minItems", "enum",
                             "additionalProperties", "multipleOf", "a", "#"])
     leaves = st.none() | st.booleans() | st.integers(-3, 3) | st.floats(allow_nan=True) | st.sampled_from(
@@ -127,3 +167,14 @@ def test_any_json_value_as_a_schema_is_served_or_a_value_error():
             pass
 
     check()
+
+
+def test_json_object_is_the_object_grammar_whose_keys_can_repeat():
+    """What docs/SERVER.md says of `json_object`: xgrammar's grammar for {"type": "object"} (as vLLM compiles it),
+    one object of any keys and values, keys not tracked at any depth (a key can repeat), `", "` between members."""
+    grammar = xgr.Grammar.from_json_schema(json.dumps({"type": "object"}), any_whitespace=False,
+                                           separators=(",", ":"))
+    for text in ('{}', '{"a":1}', '{"a":1, "a":2}', '{"a":{"b":[1, {"b":null}], "b":true}}'):
+        assert accepts(grammar, text) and isinstance(json.loads(text), dict), text
+    for text in ('[1]', '1', '{"a": 1}', '"x"'):
+        assert not accepts(grammar, text), text
