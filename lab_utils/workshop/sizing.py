@@ -7,10 +7,12 @@
     kv budget = min(1 GiB, (memory - KERNEL_BASE) / 2) the other half stays for activations and the learner's own
                                                        objects; 1 GiB is the engine's CPU default
 
-KERNEL_BASE is one learner's server before its KV: a kernel running the engine on SmolLM2-135M in float32 on the
-CPU measured 1.7 GiB resident (interpreter, torch and lab_utils 0.23, the model 0.77, an engine with 64 MiB of KV
-0.71), plus about 0.3 GiB for the Jupyter server and the kernel's own process (an estimate, not measured). A room
-whose share is below KERNEL_BASE + 64 MiB of KV is refused with the largest room that fits.
+KERNEL_BASE is one learner's server before the room's KV budget, measured (`lab_utils.workshop.capacity`, labs
+00-04 in SMOKE on the CPU, SmolLM2-135M in float32, one kernel a lab): the kernel's peak resident set was 1.7 GiB
+in lab 00, 2.7 in lab 01, 0.7 in 02, 0.9 in 03 and 2.8 GiB in lab 04 (USS, the pages no other process shares,
+0.2 GiB less), the same with a 64 MiB KV budget as with the engine's 1 GiB default, so the labs' own engines and
+models make the peak; an idle Jupyter server holds 0.12 GiB more: 2.94 GiB, rounded up to 3 GiB. A room whose
+share is below KERNEL_BASE + 64 MiB of KV is refused with the largest room that fits.
 """
 from __future__ import annotations
 
@@ -18,7 +20,7 @@ import os
 from dataclasses import dataclass
 
 GiB, MiB = 1 << 30, 1 << 20
-KERNEL_BASE = 2 * GiB
+KERNEL_BASE = 3 * GiB  # measured: the peak kernel through labs 00-04 and its Jupyter server
 MIN_KV = 64 * MiB
 MAX_KV = 1 * GiB
 

@@ -27,7 +27,7 @@ def test_the_room_size_sets_each_share_by_the_documented_arithmetic():
 
 
 def test_a_room_too_big_for_the_box_is_refused_with_what_fits():
-    with pytest.raises(ValueError, match=r"learners=40: .* this box holds at most 10"):
+    with pytest.raises(ValueError, match=r"learners=40: .* this box holds at most 7"):
         sizing.share(40, ram=24 * GiB, cores=2)
     with pytest.raises(ValueError, match="at least 1"):
         sizing.share(0)
