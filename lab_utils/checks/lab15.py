@@ -6,7 +6,10 @@ answers must be those of one-after-another serving (float64: equal tokens), the 
 together (not one by one), and the prompt tokens the engine computed (its step log) must be the shared prefix once
 plus each sub-task's own part; a fan-out that sends everything in one instant computes the prefix once a sub-task
 and is named so. `check_prompt_usage` compares the learner's usage count with the engine's own count of what it
-computed (cached tokens are not computed). Neither shows the solution.
+computed (cached tokens are not computed). `check_route` runs the learner's router on random option scores next to
+the reference (`lab_utils.efficiency.routing.route`) and names a router that reads the task's answer (its decision
+changes when only the answer does), one on the wrong side of its threshold and one that thresholds raw
+log-probabilities. None shows the solution.
 """
 from __future__ import annotations
 
