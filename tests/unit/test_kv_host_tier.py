@@ -257,3 +257,37 @@ def test_a_policy_that_names_an_entry_the_tier_lacks_is_stopped():
     tier.bytes_used = 16
     with pytest.raises(RuntimeError, match="LRUPolicy chose 'a'"):
         tier.offload(1, "b", (2,))
+
+
+def test_fuzz_host_tier_under_memory_pressure_keeps_outputs_and_its_books(tiny64):
+    """The engine's property test (shared prefixes, tight pool, chunked prefill, both preemption modes) with a host
+    tier of a random size (none to plenty) and policy: the greedy tokens are the reference's, every device block
+    comes back, and the tier's bytes and its policy's names match its entries."""
+    from hypothesis import given
+    from hypothesis import strategies as st
+    from test_engine_properties import SETTINGS, reference, run, tight_pool, workloads
+
+    from lab_utils.kvstore.returning import leak_report
+
+    hits = []
+
+    @SETTINGS
+    @given(work=workloads(shared_prefix=True), mode=st.sampled_from(["recompute", "swap"]),
+           budget=st.sampled_from([8, 16, 40]), slack=st.integers(0, 3), block_size=st.sampled_from([4, 8]),
+           tier_blocks=st.sampled_from([1, 2, 4, 64]), policy=st.sampled_from(sorted(POLICIES)))
+    def prop(work, mode, budget, slack, block_size, tier_blocks, policy):
+        prompts, max_tokens = work
+        ref = reference(tiny64, prompts, max_tokens)
+        blocks = tight_pool(prompts, max_tokens, block_size, slack)
+        probe = LLMEngine(tiny64, EngineConfig(block_size=block_size, num_gpu_blocks=blocks, max_model_len=128),
+                          device="cpu")
+        eng, got = run(tiny64, prompts, max_tokens, num_gpu_blocks=blocks, block_size=block_size,
+                       preemption_mode=mode, max_num_batched_tokens=max(budget, block_size),
+                       enable_prefix_caching=True, watermark=0.0,
+                       kv_offload_bytes=tier_blocks * probe.bytes_per_block, kv_offload_policy=policy)
+        assert got == ref
+        assert leak_report(eng) == ""
+        hits.append(eng.stats()["host_tier_hits"])
+
+    prop()
+    assert sum(hits) > 0, "no example brought a block back from the host tier"
