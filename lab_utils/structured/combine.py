@@ -12,6 +12,7 @@ compiles to "any JSON value") and reads `oneOf` as `anyOf` (it cannot enforce "e
   branches: a value generated under branch i (as narrowed for generation) provably fails every other branch as
   sent, by its type, its `const`/`enum`, a key the other requires and branch i never writes, or a required
   property whose values the other's excludes. Branches that may overlap are refused, naming them.
+- the keywords beside an `anyOf` are merged into each of its branches (the compiler reads only the `anyOf`).
 """
 from __future__ import annotations
 
@@ -53,25 +54,46 @@ def one_of_as_any_of(node: dict, root: dict, where: str, narrow: Callable[[dict,
     keep = {k: v for k, v in node.items() if k in ("$defs", "definitions") or k in ANNOTATIONS}
     beside = {k: v for k, v in node.items() if k not in keep and k != "oneOf"}
     merge = _Merge(root, unsupported, unsatisfiable, 0)
-    sent, narrowed, last_why = [], [], None
+    sent, narrowed, last_why = {}, {}, None
     for i, branch in enumerate(branches):
         here = f"{where}/oneOf/{i}"
         try:
-            merged = merge.both(copy.deepcopy(beside), branch, here)
-            narrowed.append(narrow(copy.deepcopy(merged), here))
-            sent.append(merged)
-        except unsatisfiable as why:  # a branch no value meets can never be the one: dropped
+            sent[i] = merge.both(copy.deepcopy(beside), branch, here)
+        except unsatisfiable as why:  # no value meets this branch (as sent): it can never be the one
+            last_why = why
+            continue
+        try:
+            narrowed[i] = narrow(copy.deepcopy(sent[i]), here)
+        except unsatisfiable as why:  # nothing to generate from it, yet values of the others may still meet it
             last_why = why
     if not narrowed:
         raise last_why or unsatisfiable(f"{where}: oneOf has no branch")
-    for i, made in enumerate(narrowed):
-        for j, other in enumerate(sent):
+    for i, made in narrowed.items():
+        for j, other in sent.items():
             if i != j and not excludes(made, other, root):
                 raise unsupported(
                     f"{where}: oneOf branches {i} and {j} may both match one value (the grammar cannot enforce "
                     f"'exactly one'); make them disjoint (different types, different const values of a required "
                     f"property, or a required key the other does not name) or use anyOf")
-    return {**keep, "anyOf": narrowed}
+    return {**keep, "anyOf": list(narrowed.values())}
+
+
+def distribute_any_of(node: dict, root: dict, where: str, unsupported: type[ValueError],
+                      unsatisfiable: type[ValueError]) -> dict:
+    """`node`'s keywords beside `anyOf` merged into each branch (the compiler reads only the `anyOf` of a
+    schema that has one): `S and anyOf(B...)` is `anyOf(S and B...)`; a branch no value meets is dropped."""
+    keep = {k: v for k, v in node.items() if k in ("$defs", "definitions") or k in ANNOTATIONS}
+    beside = {k: v for k, v in node.items() if k not in keep and k != "anyOf"}
+    merge = _Merge(root, unsupported, unsatisfiable, 0)
+    branches, last_why = [], None
+    for i, branch in enumerate(node["anyOf"]):
+        try:
+            branches.append(merge.both(copy.deepcopy(beside), branch, f"{where}/anyOf/{i}"))
+        except unsatisfiable as why:
+            last_why = why
+    if not branches:
+        raise last_why or unsatisfiable(f"{where}: anyOf has no branch")
+    return {**keep, "anyOf": branches}
 
 
 # -- disjointness: every value `made` (a narrowed schema) admits fails `other` (as sent) -------------------

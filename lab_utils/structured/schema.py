@@ -12,8 +12,9 @@ original), or refuses it:
 - an object's `required` keys missing from `properties` are added to them (any value), and objects get only
   the keys their `properties` name (`additionalProperties` is narrowed to false): keys are then written once
   each, in order, so no key is ever repeated;
-- `allOf` is merged into one schema and `oneOf` becomes an `anyOf` of disjoint branches (combine.py: the
-  compiler itself does not intersect schemas nor enforce "exactly one"), or they are refused saying why;
+- `allOf` is merged into one schema, `oneOf` becomes an `anyOf` of disjoint branches and the keywords beside an
+  `anyOf` go into each branch (combine.py: the compiler itself does not intersect schemas, enforce "exactly one"
+  or read what stands beside `anyOf`), or they are refused saying why;
 - keywords the grammar cannot enforce are refused by name (`uniqueItems` unless `maxItems` <= 1, `not`,
   `if`/`then`/`else`, `contains`, `dependentRequired`, `patternProperties`, `propertyNames`,
   `unevaluated*`, `$dynamicRef`, a `multipleOf` that is not an integer's, a `$ref` outside this document);
@@ -26,7 +27,7 @@ from __future__ import annotations
 
 import copy
 
-from lab_utils.structured.combine import flatten_all_of, one_of_as_any_of
+from lab_utils.structured.combine import ANNOTATIONS, distribute_any_of, flatten_all_of, one_of_as_any_of
 
 UNSUPPORTED = {
     "not": "the grammar cannot exclude a schema",
@@ -46,6 +47,7 @@ FAMILIES = (  # keyword -> the type whose values it constrains (the first family
     ("string", ("minLength", "maxLength", "pattern", "format")),
     ("number", ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf")),
 )
+KEPT_BESIDE_ANY_OF = {"$defs", "definitions", *ANNOTATIONS}  # the rest is merged into its branches
 MAX_NODES = 20_000  # a schema bigger than this is refused (walking it is the server's time)
 
 
@@ -112,6 +114,10 @@ class _Walker:
             replaced = one_of_as_any_of(node, self.root, where, self.narrowed, Unsupported, Unsatisfiable)
             node.clear()
             node.update(replaced)
+        if isinstance(node.get("anyOf"), list) and set(node) - KEPT_BESIDE_ANY_OF - {"anyOf"}:
+            distributed = distribute_any_of(node, self.root, where, Unsupported, Unsatisfiable)
+            node.clear()
+            node.update(distributed)
         for key, why in UNSUPPORTED.items():
             if key in node:
                 raise Unsupported(f"{where}: {key!r} is not supported ({why})")

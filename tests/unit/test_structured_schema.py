@@ -178,3 +178,49 @@ def test_json_object_is_the_object_grammar_whose_keys_can_repeat():
         assert accepts(grammar, text) and isinstance(json.loads(text), dict), text
     for text in ('[1]', '1', '{"a": 1}', '"x"'):
         assert not accepts(grammar, text), text
+
+
+def test_generated_combinations_never_leak():
+    """Schemas generated from allOf / oneOf / anyOf over objects, arrays and scalars (hypothesis): every generated
+    value the grammar of a served schema accepts (compact or with xgrammar's ", ") validates."""
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    keys, scalars = st.sampled_from(["a", "b", "c"]), st.sampled_from([1, 2, "a", "b", None, True])
+    leaf = st.one_of(st.fixed_dictionaries({"type": st.sampled_from(["integer", "string", "boolean", "null", "number"])}),
+                     st.fixed_dictionaries({"const": scalars}),
+                     st.fixed_dictionaries({"enum": st.lists(scalars, min_size=1, max_size=3)}),
+                     st.fixed_dictionaries({"minimum": st.integers(0, 3)}), st.fixed_dictionaries({"maximum": st.integers(0, 3)}),
+                     st.fixed_dictionaries({"maxLength": st.integers(0, 2)}), st.just({}), st.booleans())
+
+    def branches(inner, word):
+        return st.fixed_dictionaries({word: st.lists(inner, min_size=1, max_size=3)})
+
+    schemas = st.recursive(leaf, lambda inner: st.one_of(
+        st.fixed_dictionaries({"properties": st.dictionaries(keys, inner, max_size=2)}, optional={
+            "required": st.lists(keys, max_size=2, unique=True), "type": st.just("object"),
+            "additionalProperties": st.sampled_from([False, True, {"type": "integer"}])}),
+        st.fixed_dictionaries({"type": st.just("array")}, optional={
+            "items": inner, "prefixItems": st.lists(inner, max_size=2), "maxItems": st.integers(0, 3)}),
+        branches(inner, "allOf"), branches(inner, "oneOf"), branches(inner, "anyOf")), max_leaves=8)
+    values = st.recursive(st.one_of(st.none(), st.booleans(), st.integers(-1, 4), st.sampled_from(["a", "", "ab", 1.5])),
+                          lambda inner: st.lists(inner, max_size=3) | st.dictionaries(keys, inner, max_size=3),
+                          max_leaves=6)
+    leaks, accepted = [], []
+
+    @settings(max_examples=300, deadline=None, database=None, derandomize=True, suppress_health_check=list(HealthCheck))
+    @given(schemas.filter(lambda s: isinstance(s, dict)), st.lists(values, min_size=8, max_size=8))
+    def check(schema, instances):
+        grammar = _grammar(schema)
+        if grammar is None:
+            return
+        for value in instances:
+            texts = {json.dumps(value, separators=seps) for seps in ((",", ":"), (", ", ":"))}
+            if any(accepts(grammar, t) for t in texts):
+                accepted.append(value)
+                if not Draft202012Validator(schema).is_valid(value):
+                    leaks.append((schema, value))
+
+    check()
+    assert not leaks, leaks[:3]
+    assert len(accepted) >= 50, len(accepted)  # the check is not empty
