@@ -41,10 +41,10 @@ def _run(model, tier_blocks: int | None, corrupt: bool = False, leak: bool = Fal
     eng = LLMEngine(model, EngineConfig(block_size=BS, num_gpu_blocks=blocks, max_num_batched_tokens=256,
                                         watermark=0.0, kv_offload_bytes=tier_blocks and tier_blocks * probe.bytes_per_block),
                     device="cpu")
-    if corrupt:  # the copy back writes noise instead of the saved K/V
+    if corrupt:  # the copy back writes garbage (a constant far outside the K/V's range) instead of the saved K/V
         tier = eng.block_manager.host_tier
         restore = tier.copy_in
-        tier.copy_in = lambda bid, saved: restore(bid, {k: torch.randn_like(v) if v.is_floating_point() else v
+        tier.copy_in = lambda bid, saved: restore(bid, {k: torch.full_like(v, 50.0) if v.is_floating_point() else v
                                                         for k, v in saved.items()})
     rows = returning.run_trace(eng, trace, PARAMS)
     if leak:
