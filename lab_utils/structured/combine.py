@@ -36,11 +36,12 @@ def flatten_all_of(node: dict, root: dict, where: str, unsupported: type[ValueEr
     members = node.get("allOf")
     if not isinstance(members, list):
         raise unsupported(f"{where}: allOf must be a list of schemas")
-    out = {k: v for k, v in node.items() if k != "allOf"}
+    keep = {k: v for k, v in node.items() if k in ("$defs", "definitions")}  # where references resolve: stays
+    out = {k: v for k, v in node.items() if k != "allOf" and k not in keep}
     merge = _Merge(root, unsupported, unsatisfiable, depth)
     for i, member in enumerate(members):
         out = merge.both(out, member, f"{where}/allOf/{i}")
-    return out
+    return {**keep, **out}
 
 
 def one_of_as_any_of(node: dict, root: dict, where: str, narrow: Callable[[dict, str], dict],

@@ -12,9 +12,10 @@ original), or refuses it:
 - an object's `required` keys missing from `properties` are added to them (any value), and objects get only
   the keys their `properties` name (`additionalProperties` is narrowed to false): keys are then written once
   each, in order, so no key is ever repeated;
-- `allOf` is merged into one schema, `oneOf` becomes an `anyOf` of disjoint branches and the keywords beside an
-  `anyOf` go into each branch (combine.py: the compiler itself does not intersect schemas, enforce "exactly one"
-  or read what stands beside `anyOf`), or they are refused saying why;
+- `allOf` is merged into one schema, `oneOf` becomes an `anyOf` of disjoint branches, the keywords beside an
+  `anyOf` go into each branch and those beside a `$ref` are merged with its target (combine.py: the compiler
+  itself does not intersect schemas, enforce "exactly one" or read what stands beside `anyOf` or `$ref`), or
+  they are refused saying why;
 - keywords the grammar cannot enforce are refused by name (`uniqueItems` unless `maxItems` <= 1, `not`,
   `if`/`then`/`else`, `contains`, `dependentRequired`, `patternProperties`, `propertyNames`,
   `unevaluated*`, `$dynamicRef`, a `multipleOf` that is not an integer's, a `$ref` outside this document);
@@ -106,6 +107,11 @@ class _Walker:
             raise Unsupported(f"the schema has more than {MAX_NODES} subschemas")
         if not isinstance(node, dict):
             return
+        ref = node.get("$ref")
+        if isinstance(ref, str) and set(node) - KEPT_BESIDE_ANY_OF - {"$ref"}:  # the compiler reads only the $ref
+            node["allOf"] = [{"$ref": node.pop("$ref")},
+                             {k: node.pop(k) for k in list(node) if k not in KEPT_BESIDE_ANY_OF and k != "allOf"},
+                             *node.pop("allOf", [])]
         if "allOf" in node:  # merged into one schema (the compiler does not intersect schemas)
             merged = flatten_all_of(node, self.root, where, Unsupported, Unsatisfiable)
             node.clear()

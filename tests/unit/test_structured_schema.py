@@ -127,8 +127,12 @@ BASE = {"type": "object", "properties": {"id": {"type": "integer"}}, "required":
     ({"oneOf": [{"type": "string"}, {"type": "integer"}, {"type": "null"}]}, 1.5, None),
     ({"type": "object", "oneOf": [{"required": ["foo", "bar"]}, {"required": ["foo", "baz"]}]}, {"foo": 1},
      {"foo": 1, "bar": 2}),
+    ({"type": "integer", "anyOf": [{"minimum": 0}]}, 1.5, 1),  # beside anyOf: xgrammar alone reads only the anyOf
+    ({"$defs": {"x": {"type": "integer"}}, "$ref": "#/$defs/x", "maximum": 3}, 5, 2),  # beside $ref: the same
+    ({"$defs": {"x": {"type": "object", "properties": {"a": {"type": "integer"}}}}, "type": "object",
+      "properties": {"p": {"$ref": "#/$defs/x", "required": ["a"]}}, "required": ["p"]}, {"p": {}}, {"p": {"a": 1}}),
 ])
-def test_all_of_is_merged_and_disjoint_one_of_is_served(schema, bad, good):
+def test_combinators_and_keywords_beside_them_are_enforced(schema, bad, good):
     grammar = _grammar(schema)
     assert grammar is not None
     assert not accepts(grammar, _text(bad)) and accepts(grammar, _text(good))
