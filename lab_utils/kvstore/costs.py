@@ -1,8 +1,8 @@
 """When copying a KV block back beats recomputing it: measured here, and from datasheet numbers for a GPU.
 
 Copying a block back costs its bytes over the host link; recomputing it costs a prefill of its tokens. Both are
-measured on this machine (`copy_bandwidth`, `prefill_curve`) and predict a turn's time to first token
-(`predict_ttft`): the prefill of the tokens left to compute plus the copies. `per_token` does the same
+measured on this machine (`copy_bandwidth`, `prefill_curve`: fresh prompts, and tails over a cached history) and
+predict a turn's time to first token (`predict_ttft`): the prefill of the tokens left to compute plus the copies. `per_token` does the same
 arithmetic for a model's shape on a datasheet's link and peak (`H200_PCIE5`).
 """
 from __future__ import annotations
@@ -45,20 +45,27 @@ def copy_bandwidth(engine, blocks: int = 16, repeats: int = 5) -> dict:
             "out_bytes_per_s": moved / statistics.median(t_out)}
 
 
-def prefill_curve(engine, lengths: Sequence[int], repeats: int = 2, seed: int = 0) -> list[tuple[int, float]]:
-    """Median time to first token of fresh prompts of each length (random ids: nothing cached), alone in `engine`."""
+def prefill_curve(engine, lengths: Sequence[int], repeats: int = 1, seed: int = 0,
+                  context: int = 0) -> list[tuple[int, float]]:
+    """Median time to first token of fresh prompts of each length (random ids: nothing cached), alone in `engine`.
+    With `context` > 0, each prompt is a cached prefix of `context` tokens plus `n` fresh ones, the time is that
+    of prefilling the fresh ones over the cached history (a returning turn's tail: its attention reads the whole
+    history), and the curve's x is the tokens actually computed."""
     rng = random.Random(seed)
     vocab = engine.vocab_size
     params = SamplingParams(max_tokens=1, ignore_eos=True)
-    times = {n: [] for n in lengths}
+    history = [rng.randrange(100, vocab) for _ in range(context)]
+    if history:
+        engine.generate([history], params)  # now in the prefix cache
+    times: dict[int, list[float]] = {}
     for _ in range(repeats):
         for n in lengths:
-            out = engine.generate([[rng.randrange(100, vocab) for _ in range(n)]], params)[0]
+            out = engine.generate([history + [rng.randrange(100, vocab) for _ in range(n)]], params)[0]
             if out.metrics.ttft is None:
-                raise ValueError(f"a {n}-token prompt did not run in this engine ({out.finish_reason}): measure "
-                                 f"lengths its KV pool holds")
-            times[n].append(out.metrics.ttft)
-    return [(n, statistics.median(times[n])) for n in lengths]
+                raise ValueError(f"a {context + n}-token prompt did not run in this engine ({out.finish_reason}): "
+                                 f"measure lengths its KV pool holds")
+            times.setdefault(len(out.prompt_token_ids) - out.num_cached_tokens, []).append(out.metrics.ttft)
+    return sorted((n, statistics.median(ts)) for n, ts in times.items())
 
 
 def prefill_seconds(curve: Sequence[tuple[int, float]]) -> Callable[[int], float]:
