@@ -22,7 +22,7 @@ from lab_utils.engine.engine import LLMEngine
 from lab_utils.server.async_engine import AsyncEngine
 from lab_utils.server.errors import install_error_handlers
 from lab_utils.server.frontend import Frontend
-from lab_utils.server.guard import DEFAULT_MAX_BODY_BYTES, RequestGuard
+from lab_utils.server.guard import DEFAULT_MAX_BODY_BYTES, KeyFile, RequestGuard
 from lab_utils.server.logprobs import TokenTexts
 from lab_utils.server.metrics import ServerMetrics
 from lab_utils.server.models import ServedModels
@@ -35,12 +35,13 @@ from lab_utils.server.streaming import load_stream_part
 def create_app(engine: LLMEngine, model_name: str, max_tokens_cap: int = 1024, api_key: str | None = None,
                max_waiting: int | None = 1024, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
                learner_parts=(), compile_timeout_s: float = COMPILE_TIMEOUT_S,
-               extra_models: dict[str, LLMEngine] | None = None) -> FastAPI:
+               extra_models: dict[str, LLMEngine] | None = None, api_key_file: str | None = None) -> FastAPI:
     """The app over `engine`, served as `model_name`, and over each of `extra_models` (name -> engine), which a
     request picks by its `model` (models.py). `max_waiting` bounds each engine's queue (None: unbounded);
     `max_body_bytes` the body; `compile_timeout_s` a schema's compilation (longer: 400 "schema too complex");
     `learner_parts` (["server.stream_sse"]): the streaming loop is the learner's, loaded from my_engine/.
-    `lab:learner_part` on /metrics names every part that is the learner's: the loop's and the engine's."""
+    `lab:learner_part` on /metrics names every part that is the learner's: the loop's and the engine's.
+    `api_key` and `api_key_file` (one key per line, re-read as it changes): /v1/* needs that key or one listed."""
     app = FastAPI(title="LLM Serving Lab server")
     stream_fn, stream_parts = load_stream_part(learner_parts)
     frontends = [_frontend(e, name, stream_fn, stream_parts, max_tokens_cap, max_waiting, compile_timeout_s)
@@ -52,7 +53,9 @@ def create_app(engine: LLMEngine, model_name: str, max_tokens_cap: int = 1024, a
     app.state.frontend = frontend
     app.state.engine, app.state.async_engine, app.state.metrics = engine, frontend.aengine, metrics
     app.state.offload = frontend.offload
-    app.add_middleware(RequestGuard, api_key=api_key, max_body_bytes=max_body_bytes, on_reject=metrics.rejected)
+    key_file = KeyFile(api_key_file) if api_key_file else None
+    app.add_middleware(RequestGuard, api_key=api_key, max_body_bytes=max_body_bytes, on_reject=metrics.rejected,
+                       api_key_file=key_file)
     app.openapi = functools.partial(openapi_with_errors, app, app.openapi)
     for fe in served:
         app.router.add_event_handler("shutdown", fe.aengine.shutdown)

@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import argparse
+import os
+import sys
 
 from lab_utils.engine.cli import add_engine_args, engine_config_from_args, torch_dtype
 from lab_utils.server.guard import DEFAULT_MAX_BODY_BYTES
@@ -18,6 +20,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--host", default="127.0.0.1", help="bind address (loopback unless told otherwise)")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on /v1/*")
+    p.add_argument("--api-key-file", default=None, metavar="FILE",
+                   help="also accept any key listed in FILE (one per line, 'KEY NAME'; a workshop's api_keys.txt), "
+                        "read again whenever the file changes")
     p.add_argument("--max-tokens-cap", type=int, default=1024, help="largest max_tokens a request may get")
     p.add_argument("--max-waiting", type=int, default=1024,
                    help="requests that may wait for the engine; more get 503 with Retry-After (0: no bound)")
@@ -79,6 +84,10 @@ def serve(args: argparse.Namespace) -> int:
     from lab_utils.server.app import create_app
     from lab_utils.server.http_limits import GuardedHttpTools
 
+    if args.api_key_file and not os.path.isfile(args.api_key_file):  # before minutes of loading a model
+        print(f"--api-key-file {args.api_key_file}: no such file (one key per line, 'KEY NAME')", file=sys.stderr)
+        return 2
+
     engine, extras = build_engines(args)
     for e in (engine, *extras.values()):
         if e.device.type == "cuda":  # as vLLM at start-up: compile and capture before the first request
@@ -87,7 +96,7 @@ def serve(args: argparse.Namespace) -> int:
     app = create_app(engine, name, args.max_tokens_cap, args.api_key,
                      max_waiting=args.max_waiting or None, max_body_bytes=args.max_body_bytes,
                      learner_parts=args.learner_parts, compile_timeout_s=args.max_schema_compile_s,
-                     extra_models=extras)
+                     extra_models=extras, api_key_file=args.api_key_file)
     print(f"serving {', '.join([name, *extras])} on http://{args.host}:{args.port}/v1", flush=True)
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning", http=GuardedHttpTools)  # header limits
     return 0

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import hmac
 import json
+import os
 from collections.abc import Callable
+from pathlib import Path
 
 DEFAULT_MAX_BODY_BYTES = 1 << 20  # 1 MiB: a full 8k-token prompt as ids is ~60 kB of JSON
 
@@ -53,10 +55,45 @@ def key_matches(header: bytes, api_key: str) -> bool:
     return hmac.compare_digest(header, b"Bearer " + api_key.encode())
 
 
+class KeyFile:
+    """API keys in a file, one per line: the key, then optionally who holds it (`KEY NAME`; a workshop's
+    `api_keys.txt`). Read again whenever the file changes, so keys added while the server runs are taken at
+    once and a key removed from the file stops working; a file that vanishes accepts no key."""
+
+    def __init__(self, path: str | os.PathLike) -> None:
+        self.path = Path(path)
+        if not self.path.is_file():
+            raise ValueError(f"--api-key-file {self.path}: no such file (one key per line, 'KEY NAME')")
+        self._seen: tuple[int, int] | None = None
+        self._keys: list[str] = []
+
+    def keys(self) -> list[str]:
+        try:
+            st = self.path.stat()
+        except OSError:
+            return []
+        if (st.st_mtime_ns, st.st_size) != self._seen:
+            lines = self.path.read_text(encoding="utf-8").splitlines()
+            self._keys = [line.split()[0] for line in lines if line.strip() and not line.lstrip().startswith("#")]
+            self._seen = (st.st_mtime_ns, st.st_size)
+        return self._keys
+
+    def matches(self, header: bytes) -> bool:
+        return any([key_matches(header, k) for k in self.keys()])  # every key compared: no early exit
+
+
 class RequestGuard:
     def __init__(self, app, api_key: str | None = None, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
-                 on_reject: Callable[[int], None] | None = None) -> None:
+                 on_reject: Callable[[int], None] | None = None, api_key_file: KeyFile | None = None) -> None:
         self.app, self.api_key, self.max_body_bytes, self.on_reject = app, api_key, max_body_bytes, on_reject
+        self.key_file = api_key_file
+
+    def authorized(self, header: bytes) -> bool:
+        """Without a key or a key file, anyone; else the key (`--api-key`) or any key in the file."""
+        if not self.api_key and self.key_file is None:
+            return True
+        return bool(self.api_key and key_matches(header, self.api_key)) or (
+            self.key_file is not None and self.key_file.matches(header))
 
     async def _reply(self, send, status: int, message: str, kind: str, headers: list | None = None) -> None:
         if self.on_reject is not None:
@@ -71,8 +108,8 @@ class RequestGuard:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         headers = dict(scope.get("headers") or [])
-        if self.api_key and scope["path"].startswith("/v1/"):
-            if not key_matches(headers.get(b"authorization", b""), self.api_key):
+        if scope["path"].startswith("/v1/"):
+            if not self.authorized(headers.get(b"authorization", b"")):
                 return await self._reply(send, 401, "missing or wrong API key: send 'Authorization: Bearer <key>'",
                                          "authentication_error", [(b"www-authenticate", b"Bearer")])
         too_big = (f"the request body is larger than this server's limit of {self.max_body_bytes} bytes "

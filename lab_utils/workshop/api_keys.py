@@ -6,9 +6,9 @@ the same at every spawn, different for every learner, and written at their first
 hub's state folder (one `KEY NAME` line per learner, readable by the hub's user only), so the instructor can see
 whose key a request used and revoke one by changing the secret.
 
-`lab_utils serve` checks one key (`--api-key`). Where it takes a file of keys (`--api-key-file`, re-read as
-learners sign up) the hub passes it `api_keys.txt` and each learner sends their own key; until then the hub
-passes every learner the room's one key and still writes `api_keys.txt`.
+`lab_utils serve --api-key-file api_keys.txt` accepts any key in the file and reads it again as it changes, so
+each learner sends their own key. A `serve` without that flag (an older checkout) is given the room's one key
+(`--api-key`), and every learner that key.
 """
 from __future__ import annotations
 
