@@ -1,3 +1,5 @@
 """KV beyond the device (lab 14). Returning conversations as a trace (`returning.py`) and the arithmetic of
 copying a block back against recomputing it (`costs.py`), for the engine's host tier
-(`lab_utils.engine.host_tier`); a store shared between processes (`store.py`, `tier.py`)."""
+(`lab_utils.engine.host_tier`); a store shared between processes, Mooncake-style
+(`store.py`: the store process; `tier.py`: the store under an engine's prefix cache; `workers.py`: prefill
+workers that share it)."""
