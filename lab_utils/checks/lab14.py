@@ -1,4 +1,5 @@
-"""Lab 14 checks: the host tier's lookup-and-promote step (`block_manager.promote`), and the lab's claims.
+"""Lab 14 checks: the host tier's lookup-and-promote step (`block_manager.promote`), and the lab's claims (the
+host tier's, then the shared store's).
 
 `check_promote(fn)` builds small random device pools with a host tier under them (the K/V of a block is its
 token ids, so a wrong copy shows), walks a prompt's prefix as `match_prefix` does up to the first block the
@@ -18,7 +19,7 @@ from collections.abc import Callable, Mapping
 import torch
 
 from lab_utils.checks.claims import Claim, need, parts_called, report
-from lab_utils.checks.timing import judge_error
+from lab_utils.checks.timing import judge, judge_error
 from lab_utils.course.parts import LearnerPartError, check_signature
 from lab_utils.engine.block_manager import BlockManager
 from lab_utils.engine.host_tier import Entry, HostTier, LRUPolicy, TwoQueuePolicy
@@ -242,8 +243,13 @@ def claims(r: Mapping) -> list[Claim]:
     prefills a shorter tail over cached K/V, another order of the same sums)}, `leaks` {setting: message or ""},
     `returning_prefill` {setting: prefill tokens of returning turns}, `ratio_measured` / `ratio_predicted`
     {tier setting: median TTFT off / with the tier}, `ratio_spread` {tier setting: spread of the measured ratio
-    over rounds}, `calls` (EngineParts.calls over the tier runs)."""
-    need(r, "tokens", "leaks", "returning_prefill", "ratio_measured", "ratio_predicted", "ratio_spread", "calls")
+    over rounds}, `calls` (EngineParts.calls over the tier runs); and the shared store's run
+    (`kvstore.sources.summarise`): `store_computed` {"store", "apart": prompt tokens the returning turns computed},
+    `store_read` (tokens they read from the store), `store_first_tokens` {"store", "apart": first token of every
+    turn}, `store_near_ties` (optional: turns whose first tokens part at a near-tie), `store_leaks` {worker: message
+    or ""}, `store_ratios` (returning turns' prefill time without / with the store, turn by turn)."""
+    need(r, "tokens", "leaks", "returning_prefill", "ratio_measured", "ratio_predicted", "ratio_spread", "calls",
+         "store_computed", "store_read", "store_first_tokens", "store_leaks", "store_ratios")
     tokens, base = r["tokens"], r["tokens"]["off"]
     ties = r.get("near_ties", {})
     out: list[Claim] = []
@@ -267,6 +273,30 @@ def claims(r: Mapping) -> list[Claim]:
     out.append(judge_error(text, errors, r["ratio_spread"], TOLERANCE,
                            "rerun the trace cell when the machine is quieter"))
     out.append(parts_called("the host-tier runs", r["calls"], [PART]))
+    out.extend(store_claims(r))
+    return out
+
+
+def store_claims(r: Mapping) -> list[Claim]:
+    """Two prefill workers, every returning turn routed to the one that did not serve the turn before: with the
+    shared store and without (see `claims` for the keys)."""
+    computed, read = r["store_computed"], r["store_read"]
+    out: list[Claim] = [(
+        f"routed to the other worker, returning turns compute fewer prompt tokens with the shared store: "
+        f"{computed['store']} vs {computed['apart']} without ({read} read from the store)",
+        computed["store"] < computed["apart"] and read > 0)]
+    firsts = r["store_first_tokens"]
+    a, b = firsts["store"], firsts["apart"]
+    differ = sum(x != y for x, y in zip(a, b)) + abs(len(a) - len(b))
+    ties = r.get("store_near_ties", 0)
+    out.append((f"first tokens identical with and without the store, or parting at a near-tie of the model's dtype "
+                f"({len(b)} turns; differ: {differ}, at a near-tie: {ties})", bool(b) and differ - ties <= 0))
+    leaks = {w: m for w, m in r["store_leaks"].items() if m}
+    out.append((f"no KV block leaked on any prefill worker ({len(r['store_leaks'])} workers"
+                + (f"; leaked: {leaks})" if leaks else ")"), bool(r["store_leaks"]) and not leaks))
+    out.append(judge("returning turns' prefill is faster with the store (time without / with, turn by turn, the "
+                     "pools taking turns to go first)", r["store_ratios"], 1.0,
+                     "rerun the store cell when the machine is quieter", strict=True))
     return out
 
 

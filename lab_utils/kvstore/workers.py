@@ -24,6 +24,7 @@ from lab_utils.kvstore.store import KVStoreClient, KVStoreProcess
 def _worker_main(model: str, config: EngineConfig, dtype: str, client: KVStoreClient | None, conn) -> None:
     """One prefill worker: build the engine, then serve ("prefill", token ids) until ("stop",) or EOF."""
     from lab_utils.disagg.workers import build_engine
+    from lab_utils.kvstore.returning import leak_report
     from lab_utils.kvstore.tier import attach
 
     torch.set_num_threads(1)
@@ -50,6 +51,7 @@ def _worker_main(model: str, config: EngineConfig, dtype: str, client: KVStoreCl
             s = tier.client.stats
             result.update(store_bytes_in=s.get_bytes, store_bytes_out=s.put_bytes, store_seconds=s.seconds,
                           blocks_from_store=tier.blocks_in, blocks_to_store=tier.blocks_out)
+        result["leaked"] = leak_report(engine)  # '' when every block came back once the request ended
         conn.send(("done", result))
 
 
