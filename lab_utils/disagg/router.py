@@ -5,6 +5,8 @@ each request to the prefill worker when it arrives, and collects finished reques
 workers: if one dies (killed, crashed), every request it held is either re-queued on fresh workers
 (`on_worker_failure="requeue"`: re-prefilled from scratch, greedy outputs unchanged) or finished with an
 `error: ...` reason (`"fail"`); never silently lost. Every process is stopped on `close()` / `__exit__`.
+With `kv_transfer="store"` the prompts' full KV blocks go through a shared KV store process (Mooncake's layout,
+`store_handoff.py`) instead of the pipe between the workers; the store outlives a restart of the workers.
 
 `colocated_run` is the same workload on one `LLMEngine` in this process: prefill and decode share every step.
 """
@@ -26,6 +28,7 @@ from lab_utils.engine.sampling_params import SamplingParams
 from lab_utils.parallel.launch import stop_processes
 
 FAILURE_POLICIES = ("requeue", "fail")
+KV_TRANSFERS = ("pipe", "store")  # the prompt's KV on the pipe between the workers, or its full blocks via a store
 _RUNS = itertools.count()  # request ids of `colocated_run` stay unique when one engine serves several runs
 
 
@@ -130,15 +133,23 @@ class DisaggregatedCluster:
                  dtype: str | None = None, prefill_config: EngineConfig | None = None,
                  decode_config: EngineConfig | None = None, on_worker_failure: str = "requeue",
                  threads_per_worker: int = 1, startup_timeout_s: float = 300.0, learner_parts=(),
-                 audit_kv: bool = False, engine_parts_upto: str | None = None) -> None:
+                 audit_kv: bool = False, engine_parts_upto: str | None = None, kv_transfer: str = "pipe",
+                 kv_store_bytes: int = 256 << 20, kv_store=None) -> None:
         """`learner_parts`: names of the learner's KV hand-off parts (disagg.export_kv, import_kv,
         resume_prefilled) the workers load from my_engine/ in place of the reference. `engine_parts_upto`
         ("09"): both workers' engines also run every engine part the learner saved in labs up to that one
         (`learner_parts.parts(upto=...)`: scheduler, block manager, ...), the reference for the rest. `audit_kv`: both workers
         fingerprint every handed-off request's KV blocks (`kv_handoff_check`); it costs a hash of the KV, so the
-        throughput runs leave it off."""
+        throughput runs leave it off. `kv_transfer`: "pipe" (the whole prompt KV from worker to worker) or
+        "store" (its full blocks through a KV store: a `KVStoreProcess` of `kv_store_bytes` that the cluster
+        starts and stops, or `kv_store`, one already running that other clusters or workers share and that its
+        owner stops)."""
         if on_worker_failure not in FAILURE_POLICIES:
             raise ValueError(f"on_worker_failure={on_worker_failure!r} is invalid: must be one of {FAILURE_POLICIES}")
+        if kv_transfer not in KV_TRANSFERS:
+            raise ValueError(f"kv_transfer={kv_transfer!r} is invalid: must be one of {KV_TRANSFERS}")
+        if kv_store is not None and kv_transfer != "store":
+            raise ValueError("kv_store is the store of kv_transfer='store'; pass both or neither")
         if device not in ("auto", "cpu", "cuda"):
             raise ValueError(f"device={device!r} is invalid: must be 'auto', 'cpu' or 'cuda'")
         from lab_utils.parallel.placement import pd_placement
@@ -166,6 +177,8 @@ class DisaggregatedCluster:
         self.learner_parts_ran: dict[str, list[str]] = {}  # worker -> the learner's parts it runs
         self.audit_kv = audit_kv
         self.engine_parts_upto = engine_parts_upto
+        self.kv_transfer, self.kv_store_bytes = kv_transfer, kv_store_bytes
+        self.kv_store, self._owns_store = kv_store, False  # the KVStoreProcess of kv_transfer="store"
 
     # -- lifecycle --------------------------------------------------------------------------------
     def __enter__(self) -> DisaggregatedCluster:
@@ -179,6 +192,10 @@ class DisaggregatedCluster:
         if self.tokenizer is None:
             self.tokenizer = load_tokenizer_for(self.model)
         try:
+            if self.kv_transfer == "store" and self.kv_store is None:
+                from lab_utils.kvstore.store import KVStoreProcess
+
+                self.kv_store, self._owns_store = KVStoreProcess(self.kv_store_bytes), True
             self._start_workers()
         except BaseException:
             self.close()
@@ -203,15 +220,18 @@ class DisaggregatedCluster:
         p_read, p_write = ctx.Pipe(duplex=False)
         d_read, d_write = ctx.Pipe(duplex=False)
         kv_read, kv_write = ctx.Pipe(duplex=False)  # the KV channel, prefill -> decode, bypassing the router
+        clients = {w: self.kv_store.client() if self.kv_transfer == "store" else None for w in ("prefill", "decode")}
         self._procs = {
             "prefill": ctx.Process(target=prefill_main, name="lab-prefill", daemon=True,
                                    args=(self.model, self.prefill_config, self.placement.prefill, self.dtype, eos,
                                          self._queues["prefill"], p_write, kv_write, self.threads,
-                                         self.learner_parts, learner_dir, self.audit_kv, self.engine_parts_upto)),
+                                         self.learner_parts, learner_dir, self.audit_kv, self.engine_parts_upto,
+                                         clients["prefill"])),
             "decode": ctx.Process(target=decode_main, name="lab-decode", daemon=True,
                                   args=(self.model, self.decode_config, self.placement.decode, self.dtype, eos,
                                         self._queues["decode"], d_write, kv_read, self.threads,
-                                        self.learner_parts, learner_dir, self.audit_kv, self.engine_parts_upto)),
+                                        self.learner_parts, learner_dir, self.audit_kv, self.engine_parts_upto,
+                                        clients["decode"])),
         }
         for p in self._procs.values():
             p.start()
@@ -254,8 +274,12 @@ class DisaggregatedCluster:
         self._healthy = False
 
     def close(self) -> None:
-        """Stop both workers (join, then terminate, then kill): no process outlives the cluster."""
+        """Stop both workers (join, then terminate, then kill) and the store the cluster started: no process
+        outlives the cluster."""
         self._stop_workers()
+        if self._owns_store and self.kv_store is not None:
+            self.kv_store.close()
+            self.kv_store, self._owns_store = None, False
 
     def kill_decode_worker(self) -> None:
         """SIGKILL the decode worker (fault-injection demo): the router notices at its next look."""
@@ -366,13 +390,14 @@ class DisaggregatedCluster:
     def kv_handoff_check(self) -> dict:
         """With `audit_kv`: every handed-off request's KV blocks compared between the prefill worker's cache (at
         export) and the decode worker's (right after the swap-in), block by block. Returns the numbers of
-        requests and blocks compared and the mismatches as (request id, block index, or 'never swapped in')."""
+        requests and blocks compared and the mismatches as (request id, block index, or 'never swapped in'). A
+        request recomputed by the decode worker (its blocks were gone from the store) had no hand-off: not compared."""
         if not self.audit_kv:
             raise ValueError("kv_handoff_check needs DisaggregatedCluster(..., audit_kv=True)")
         requests = blocks = 0
         mismatched: list[tuple[str, int | str]] = []
         for rid, r in self._records.items():
-            if "prefill_kv_blocks" not in r:
+            if "prefill_kv_blocks" not in r or r.get("recomputed"):
                 continue
             requests += 1
             mine, theirs = r["prefill_kv_blocks"], r.get("decode_kv_blocks")
@@ -384,16 +409,56 @@ class DisaggregatedCluster:
                            if i >= len(mine) or i >= len(theirs) or mine[i] != theirs[i]]
         return {"requests": requests, "blocks": blocks, "mismatched": mismatched}
 
+    def worker_stats(self, timeout_s: float = 60.0) -> dict[str, dict]:
+        """Ask both workers, between `generate` calls, for their blocks (`referenced_blocks` 0 and
+        `unfinished_requests` 0 once everything has ended: nothing leaked) and their side of the store traffic
+        (`store_handoff.worker_report`)."""
+        if not self._healthy:
+            raise RuntimeError("the workers are not running: call start() or generate() first")
+        for who in ("prefill", "decode"):
+            self._queues[who].put(("stats",))
+        got: dict[str, dict] = {}
+        deadline = time.perf_counter() + timeout_s
+        while len(got) < 2:
+            if time.perf_counter() > deadline:
+                raise TimeoutError(f"workers did not report within timeout_s={timeout_s}")
+            for who, conn in self._conns.items():
+                if who in got or not conn.poll(0.1):
+                    continue
+                msg = conn.recv()
+                if msg[0] == "stats":
+                    got[msg[1]] = msg[2]
+                elif msg[0] == "sent":  # a hand-off note that came after its request had finished
+                    self._records.setdefault(msg[1], {}).update(msg[2])
+                elif msg[0] == "error":
+                    raise RuntimeError(f"{msg[1]} worker failed:\n{msg[2]}")
+        return got
+
+    def store_stats(self):
+        """The KV store's own count (`StoreStats`: blocks and bytes held, put, got, dropped to make room)."""
+        if self.kv_store is None:
+            raise ValueError("store_stats needs DisaggregatedCluster(..., kv_transfer='store')")
+        client = self.kv_store.client()
+        try:
+            return client.store_stats()
+        finally:
+            client.close()
+
     def transfer_stats(self) -> dict:
-        """KV transfers so far: count, bytes, and seconds per transfer (means; see `TransferRecord`)."""
+        """KV transfers so far: count, bytes, and seconds per transfer (means; see `TransferRecord`). With
+        `kv_transfer="store"`, `bytes_total` is what took the pipe (headers and partial blocks), and the store's
+        part is added: payload bytes put by the prefill worker and got by the decode worker, blocks put, found
+        there already, got and missing, seconds on each side, and requests recomputed because a block was
+        missing; the seconds per transfer then include the store's."""
         recs = [r for r in self._records.values() if "bytes" in r]
         def mean(key):
             xs = [r[key] for r in recs if key in r]
             return statistics.fmean(xs) if xs else 0.0
         total = sum(r["bytes"] for r in recs)
-        busy = sum(r.get("serialize_s", 0) + r.get("send_s", 0) + r.get("recv_s", 0) + r.get("load_s", 0) for r in recs)
+        busy = sum(r.get("serialize_s", 0) + r.get("send_s", 0) + r.get("recv_s", 0) + r.get("load_s", 0)
+                   + r.get("store_put_s", 0) + r.get("store_get_s", 0) for r in recs)
         lat = [r["received_at"] - r["sent_at"] for r in recs if "received_at" in r]
-        return {
+        out = {
             "num_transfers": len(recs),
             "bytes_total": total,
             "bytes_per_request_mean": total / len(recs) if recs else 0.0,
@@ -408,3 +473,16 @@ class DisaggregatedCluster:
             "num_requeued": self.num_requeued,
             "num_worker_failures": len(self.failures),
         }
+        if self.kv_transfer == "store":
+            def total_of(key):
+                return sum(r.get(key, 0) for r in recs)
+            store_bytes = total_of("store_put_bytes") + total_of("store_get_bytes")
+            out.update(
+                kv_transfer="store",
+                store_put_bytes_total=total_of("store_put_bytes"), store_get_bytes_total=total_of("store_get_bytes"),
+                store_blocks_put=total_of("store_blocks_put"), store_blocks_held=total_of("store_blocks_held"),
+                store_blocks_got=total_of("store_blocks_got"), store_blocks_missing=total_of("store_blocks_missing"),
+                store_put_s_mean=mean("store_put_s"), store_get_s_mean=mean("store_get_s"),
+                num_recomputed=sum(1 for r in recs if r.get("recomputed")),
+                throughput_MBps=(total + store_bytes) / busy / 1e6 if busy else 0.0)
+        return out

@@ -9,6 +9,9 @@
   `swapped_kv` = the transferred KV): the scheduler admits it when blocks are free and swap-in copies the KV
   into the paged cache. So the engine needs no change to accept KV computed elsewhere.
 Both report to the router over their own pipe; a dead worker shows as EOF there.
+
+With a KV store (`store_client`, `DisaggregatedCluster(kv_transfer="store")`) the prompt's full blocks go through
+the store instead of the pipe (`store_handoff.py`); the header and the last, partial block still take the pipe.
 """
 from __future__ import annotations
 
@@ -193,6 +196,13 @@ def admit_prefilled(engine, meta: dict, kv: dict[str, torch.Tensor], resume_fn=r
     return engine.admit(req)
 
 
+def _report(engine, who: str, to_router, client, reads_store: bool = False) -> None:
+    """Answer the router's ("stats",): this worker's blocks and store traffic (`store_handoff.worker_report`)."""
+    from lab_utils.disagg.store_handoff import worker_report
+
+    to_router.send(("stats", who, worker_report(engine, client, reads_store)))
+
+
 def _orphaned() -> bool:
     """True once the router's process has gone (killed without closing us): then a worker exits by itself."""
     parent = multiprocessing.parent_process()
@@ -217,9 +227,11 @@ def _engine_parts(upto: str | None):
 
 
 def prefill_main(model, config, device, dtype, extra_eos, requests, to_router, kv_conn, threads,
-                 learner_parts=(), learner_dir=None, audit_kv=False, engine_parts_upto=None) -> None:
+                 learner_parts=(), learner_dir=None, audit_kv=False, engine_parts_upto=None,
+                 store_client=None) -> None:
     """Prefill worker: requests in from the router, KV out to the decode worker, notes back to the router
-    (with `audit_kv`, the digests of each request's blocks as its cache held them when it was exported)."""
+    (with `audit_kv`, the digests of each request's blocks as its cache held them when it was exported). With
+    `store_client`, the prompt's full blocks go to the store and its prefix cache reads blocks from there."""
     torch.set_num_threads(threads)
     try:
         _use_learner_dir(learner_dir)
@@ -227,6 +239,11 @@ def prefill_main(model, config, device, dtype, extra_eos, requests, to_router, k
         engine = build_engine(model, config, device, dtype, extra_eos, parts)
         sender = KVSender(kv_conn)
         fns, used = load_disagg_parts([n for n in learner_parts if n in (EXPORT_PART, META_PART)])
+        reads_store = False
+        if store_client is not None:
+            from lab_utils.disagg.store_handoff import BLOCK_SIZE_KEY, NAMES_KEY, publish_prompt_kv, read_from_store
+
+            reads_store = read_from_store(engine, store_client) is not None
         to_router.send(("ready", "prefill", used + engine_used))
         while True:
             msgs = []
@@ -241,6 +258,9 @@ def prefill_main(model, config, device, dtype, extra_eos, requests, to_router, k
             for msg in msgs:
                 if msg[0] == "stop":
                     return
+                if msg[0] == "stats":
+                    _report(engine, "prefill", to_router, store_client, reads_store)
+                    continue
                 _, rid, ids, params, arrival = msg
                 engine.add_request(ids, params, request_id=rid, arrival_time=arrival)
             if not engine.has_unfinished():
@@ -260,12 +280,17 @@ def prefill_main(model, config, device, dtype, extra_eos, requests, to_router, k
                 rec.serialize_s = time.perf_counter() - t0
                 meta = prompt_meta(req, fns[META_PART])
                 engine.abort(req.request_id)  # its blocks go back to the prefill pool
+                stored = {}
+                if store_client is not None:  # full blocks to the store; the header and the tail on the pipe
+                    bs = engine.kv_cache.block_size
+                    names, kv, stored = publish_prompt_kv(store_client, kv, meta["prompt_token_ids"], bs)
+                    meta = {**meta, NAMES_KEY: names, BLOCK_SIZE_KEY: bs}
                 try:
                     sender.send(meta, kv, rec)
                 except (BrokenPipeError, ConnectionResetError, EOFError) as e:
                     to_router.send(("kv_failed", req.request_id, f"{type(e).__name__}: {e}"))
                     continue
-                to_router.send(("sent", req.request_id, rec.to_dict() | audit))
+                to_router.send(("sent", req.request_id, rec.to_dict() | stored | audit))
     except BaseException:
         try:
             to_router.send(("error", "prefill", traceback.format_exc()))
@@ -273,29 +298,39 @@ def prefill_main(model, config, device, dtype, extra_eos, requests, to_router, k
             pass
 
 
-def _receive_kv(receiver: KVReceiver, inbox: queue_mod.Queue) -> None:
+def _receive_kv(receiver: KVReceiver, inbox: queue_mod.Queue, store_client=None) -> None:
     """Decode worker's reader thread: drains the KV channel while the engine steps (the socket read releases the
-    GIL), so a transfer never waits for a decode step and the prefill worker is never blocked on it."""
+    GIL), so a transfer never waits for a decode step and the prefill worker is never blocked on it. A header
+    that names blocks in the store: the thread also gets them from there (kv None when one is missing)."""
+    from lab_utils.disagg.store_handoff import BLOCK_SIZE_KEY, NAMES_KEY, fetch_prompt_kv
+
     while True:
         try:
             meta, kv, recv_s, load_s = receiver.recv()
         except (EOFError, OSError):
             inbox.put(None)  # the prefill side has gone
             return
-        inbox.put((meta, kv, dict(recv_s=recv_s, load_s=load_s, received_at=now())))
+        rec = dict(recv_s=recv_s, load_s=load_s)
+        if NAMES_KEY in meta:
+            names, bs = meta.pop(NAMES_KEY), meta.pop(BLOCK_SIZE_KEY)
+            kv, got = fetch_prompt_kv(store_client, names, meta["prompt_token_ids"], bs, kv)
+            rec.update(got, recomputed=kv is None)
+        inbox.put((meta, kv, rec | {"received_at": now()}))
 
 
 def decode_main(model, config, device, dtype, extra_eos, control, to_router, kv_conn, threads,
-                learner_parts=(), learner_dir=None, audit_kv=False, engine_parts_upto=None) -> None:
+                learner_parts=(), learner_dir=None, audit_kv=False, engine_parts_upto=None,
+                store_client=None) -> None:
     """Decode worker: KV in from the prefill worker, continuous batching of decodes, finished outputs out (with
-    `audit_kv`, the digests of each request's blocks right after its KV was swapped in)."""
+    `audit_kv`, the digests of each request's blocks right after its KV was swapped in). With `store_client`,
+    the prompt's full blocks come from the store; a request whose blocks the store no longer holds is recomputed."""
     torch.set_num_threads(threads)
     try:
         _use_learner_dir(learner_dir)
         parts, engine_used = _engine_parts(engine_parts_upto)
         engine = build_engine(model, config, device, dtype, extra_eos, parts)
         inbox: queue_mod.Queue = queue_mod.Queue()
-        threading.Thread(target=_receive_kv, args=(KVReceiver(kv_conn), inbox), daemon=True).start()
+        threading.Thread(target=_receive_kv, args=(KVReceiver(kv_conn), inbox, store_client), daemon=True).start()
         records: dict[str, dict] = {}
         fns, used = load_disagg_parts([n for n in learner_parts if n not in (EXPORT_PART, META_PART)])
         used = used + engine_used
@@ -307,8 +342,11 @@ def decode_main(model, config, device, dtype, extra_eos, control, to_router, kv_
         to_router.send(("ready", "decode", used))
         while True:
             try:
-                if control.get_nowait()[0] == "stop":
+                msg = control.get_nowait()
+                if msg[0] == "stop":
                     return
+                if msg[0] == "stats":
+                    _report(engine, "decode", to_router, store_client)
             except queue_mod.Empty:
                 pass
             if _orphaned():
@@ -319,7 +357,12 @@ def decode_main(model, config, device, dtype, extra_eos, control, to_router, kv_
                 while True:
                     if item is not None:
                         meta, kv, rec = item
-                        admit_prefilled(engine, meta, kv, fns[RESUME_PART])
+                        if kv is None:  # a block the store no longer held: prefill it again here
+                            from lab_utils.disagg.store_handoff import admit_to_recompute
+
+                            admit_to_recompute(engine, meta)
+                        else:
+                            admit_prefilled(engine, meta, kv, fns[RESUME_PART])
                         records[meta["request_id"]] = rec
                         busy = True
                     item = inbox.get_nowait()
