@@ -48,5 +48,6 @@ class BlockManager(HashChainPrefixCache, BlockPool):
         cached = len(hits) * self.block_size
         self.prefix_hits += cached
         req.num_computed_tokens = max(req.num_computed_tokens, cached)
-        req.num_cached_tokens = cached
+        if req.metrics.first_scheduled_time is None:  # as vLLM: a re-admission after preemption keeps the first count
+            req.num_cached_tokens = cached
         return cached

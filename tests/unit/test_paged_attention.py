@@ -205,6 +205,30 @@ def test_ref_counts_with_a_shared_prefix():
     assert bm.hit_rate() == pytest.approx((12 + 12) / (15 + 14 + 13))
 
 
+def test_cached_tokens_count_the_first_admission_as_vllm_does():
+    """A request readmitted after a preemption keeps the cached-token count of its first admission (vLLM reports
+    the prefill stats of the first scheduling only): usage.prompt_tokens_details.cached_tokens does not change
+    because the request was preempted and its prefix evicted meanwhile."""
+    bm = BlockManager(8, 4, enable_prefix_caching=True, watermark=0.0)
+    system = list(range(100, 112))  # 3 full blocks
+    a = req("a", system + [1])
+    run_prompt(bm, a)
+    b = req("b", system + [7, 8])
+    run_prompt(bm, b)
+    assert b.num_cached_tokens == 12
+    b.metrics.first_scheduled_time = 0.0  # b ran a step, then was preempted (recompute)
+    bm.free(b)
+    bm.free(a)
+    b.num_computed_tokens = 0
+    other = req("other", list(range(500, 532)))  # 8 blocks: evicts every cached block
+    run_prompt(bm, other)
+    bm.free(other)
+    assert bm.admit(b) == 0, "the readmission finds nothing cached"
+    assert b.num_cached_tokens == 12, "readmission after preemption must not change the reported cached tokens"
+    bm.free(b)
+    bm.check_all_free()
+
+
 def test_match_prefix_leaves_one_token_to_compute():
     bm = BlockManager(8, 4, enable_prefix_caching=True, watermark=0.0)
     run_prompt(bm, req("a", list(range(8))))
