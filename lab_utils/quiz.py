@@ -316,7 +316,7 @@ QUESTIONS: dict[str, list[Question]] = {
     "14": [
         _n("block_kb", "SmolLM2-135M has 30 layers, 3 KV heads of dimension 64. How many kB does one 16-token KV block "
            "take in fp32 (K and V, every layer)?", 737.28,
-           "2 (K and V) x 30 layers x 3 heads x 64 x 4 bytes = 23,040 bytes a token; x 16 tokens = 737,280 bytes.",
+           "2 (K and V) x 30 layers x 3 heads x 64 x 4 bytes = 46,080 bytes a token; x 16 tokens = 737,280 bytes.",
            unit="kB"),
         _c("exclusive", "The host tier hands a block back to the device and forgets it (exclusive). What does that buy?",
            ["Nothing: it only saves a lookup", "The device pool and the tier hold different blocks, so their capacities "
@@ -333,6 +333,23 @@ QUESTIONS: dict[str, list[Question]] = {
            ["SmolLM2-135M", "Llama-3.1-70B", "All equal", "Neither: recomputing always wins"], "b",
            "Recompute grows with parameters (2 x params FLOPs a token); KV bytes grow only with layers x KV heads x head "
            "dim, which GQA keeps small. 70B: ~56x, 8B: ~16x, SmolLM2: ~1.5x."),
+        _c("store_sources", "Two prefill workers share a KV store. A conversation's turn 0 ran on worker 0, turn 1 on "
+           "worker 1, and turn 2 goes to worker 0 again (nothing evicted). Where does turn 2's prompt come from?",
+           ["All recomputed: worker 0 never saw turn 1", "Turn 0's part from worker 0's device, turn 1's additions "
+            "from the store, only the new message computed", "All of it from the store", "All of it from worker 0's "
+            "device"], "b",
+           "The prefix walk takes what the device holds first (turn 0's blocks, which worker 0 computed), then asks "
+           "the store for the next blocks, which worker 1 published after its prefill; the new message is computed."),
+        _c("store_names", "Why does the shared store name a block by a BLAKE2b chain over its token ids, not by the "
+           "engine's own prefix-hash names?",
+           ["BLAKE2b is faster", "The engine's names use Python's hash, which differs from one process to the next: "
+            "another worker would never find them", "To save memory", "Names must be 16 bytes for the socket"], "b",
+           "hash(None), where the engine's chain starts, is different in every Python process; a name that another "
+           "process must find has to be computed from the tokens alone, the same everywhere."),
+        _n("store_read_mb", "A returning turn reads 12 blocks of 16 tokens of SmolLM2-135M (fp32, 46,080 bytes of K/V "
+           "a token) from the store. How many MB cross the store's socket?", 8.85,
+           "12 x 16 tokens x 46,080 bytes = 8,847,360 bytes, about 8.85 MB: copied by value through the socket, "
+           "where Mooncake would move them over RDMA.", unit="MB"),
     ],
     "15": [
         _n("fanout_prefill", "8 sub-tasks share a 400-token instruction prefix and add 20 tokens each; they are sent in "
