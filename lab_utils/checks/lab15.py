@@ -22,6 +22,8 @@ from lab_utils.efficiency import fanout, routing
 FAN_OUT_PART = "efficiency.fan_out"
 ROUTE_PART = "efficiency.route"
 AREA_BAR = 0.03  # answers kept above the straight line, averaged over the cost range
+SESSION_TOKENS_BAR = 0.5  # the session state's prompt tokens, at most this share of the full history's
+SESSION_TTFT_BAR = 1.5  # full history's time to first token over the session state's, at least
 BLOCK = 16
 
 
@@ -200,6 +202,37 @@ def routing_claims(r: dict) -> list[Claim]:
     ]
 
 
+def contexts_claims(r: dict) -> list[Claim]:
+    """The shorter-context claims, from `lab_utils.efficiency.contexts.summary`: prompt tokens per variant, answers
+    kept (agreement with the target's greedy answer under the full history), the compressor's budgets and
+    whole-word verdicts, per-round first-token times (the compressor's with its scoring pass)."""
+    from lab_utils.checks.claims import need
+    from lab_utils.checks.timing import judge, ratios
+
+    need(r, "turns", "k", "tokens", "kept", "budgets", "compressed_sizes", "whole_words", "ttft_s", "scoring_tokens")
+    n, k, tokens, kept, t = r["turns"], r["k"], r["tokens"], r["kept"], r["ttft_s"]
+    over = [(s, b) for s, b in zip(r["compressed_sizes"], r["budgets"]) if s > b]
+    shorter = {v: kept[v] for v in ("last", "session", "compressed")}
+    return [
+        (f"measured: lab 11's session state sent {tokens['session']} prompt tokens over {n} turns, "
+         f"{tokens['session'] / tokens['full']:.0%} of the full history's {tokens['full']} (bar "
+         f"{SESSION_TOKENS_BAR:.0%})", tokens["session"] <= SESSION_TOKENS_BAR * tokens["full"]),
+        judge(f"measured: the session state reached the first token >= {SESSION_TTFT_BAR}x sooner than the full "
+              "history", ratios(t["full"], t["session"]), SESSION_TTFT_BAR, "rerun the timing cell on a quieter machine"),
+        (f"measured: the compressor met its budget on {n - len(over)}/{n} turns"
+         + (f" (over: {over[:3]})" if over else "")
+         + f" and dropped only whole history words, every template token, the system message and the question kept "
+         f"on {r['whole_words']}/{n}", not over and r["whole_words"] == n),
+        judge(f"measured: the compressor, its scoring pass counted ({r['scoring_tokens']} tokens prefilled by the "
+              "target), reached the first token no sooner than the full history: scoring by the target costs a "
+              "full prefill", ratios(t["compressed"], t["full"]), 1.0, "rerun the timing cell on a quieter machine"),
+        (f"measured: the check agrees with generation: under the full history the target's most likely tokens are "
+         f"its own greedy answer's first {k} on {kept['full']:.0%} of the turns (or a near-tie)", kept["full"] == 1.0),
+        (f"measured, not assumed: every shorter context lost answers (kept: "
+         + ", ".join(f"{v} {x:.0%}" for v, x in shorter.items()) + ")", max(shorter.values()) < 1.0),
+    ]
+
+
 def claims(r: dict) -> list[Claim]:
     """Lab 15's claims from the run's measurements: per serving mode ("one by one", "all at once", "fan-out")
     the engine's computed prompt tokens (`computed`), the most requests in one step (`batch`), the per-round wall
@@ -231,7 +264,8 @@ def claims(r: dict) -> list[Claim]:
          r["usage_computed"] == fan),
         parts_called("the fan-out", r["calls"], [FAN_OUT_PART]),
     ]
-    return out + (routing_claims(r["routing"]) if "routing" in r else [])
+    out += routing_claims(r["routing"]) if "routing" in r else []
+    return out + (contexts_claims(r["contexts"]) if "contexts" in r else [])
 
 
 def assert_claims(r: dict, show: bool = True) -> None:

@@ -132,3 +132,72 @@ def test_a_router_that_never_ran_fails():
     r["route_calls"] = {}
     with pytest.raises(AssertionError, match="never called"):
         lab15.assert_claims(dict(good(), routing=r), show=False)
+
+
+# ------------------------------------------------------------------------------------------------- contexts
+def _contexts_r() -> dict:
+    return dict(turns=4, k=8, budgets=[100, 110, 120, 130], compressed_sizes=[98, 110, 119, 127], whole_words=4,
+                scoring_tokens=960, tokens={"full": 960, "last": 470, "session": 290, "compressed": 474},
+                kept={"full": 1.0, "last": 0.5, "session": 0.0, "compressed": 0.25, "random words": 0.25},
+                agreed_tokens={"full": 8.0, "last": 5.0, "session": 1.5, "compressed": 2.0, "random words": 2.0},
+                ttft_s={"full": [4.4, 4.3], "last": [2.3, 2.2], "session": [1.4, 1.4], "compressed": [8.0, 7.9]})
+
+
+def test_shorter_contexts_that_hold_pass(capsys):
+    lab15.assert_claims(dict(good(), contexts=_contexts_r()))
+    assert "FAIL" not in capsys.readouterr().out
+
+
+def _contexts_with(key, value):
+    r = _contexts_r()
+    if isinstance(key, tuple):
+        r[key[0]] = {**r[key[0]], key[1]: value}
+    else:
+        r[key] = value
+    return dict(good(), contexts=r)
+
+
+@pytest.mark.parametrize("key, value, message", [
+    (("tokens", "session"), 700, "session state sent"),                  # a "state" that re-sends the history
+    (("ttft_s", "session"), [4.3, 4.4], "sooner than the full"),         # no time saved
+    ("compressed_sizes", [98, 110, 121, 127], "met its budget on 3/4"),  # one prompt over its budget
+    ("whole_words", 3, "only whole history words"),                      # a word cut in two, a template token gone
+    (("ttft_s", "compressed"), [2.2, 2.1], "its scoring pass counted"),  # timed without its scoring pass
+    (("kept", "full"), 0.75, "the check agrees with generation"),         # a check that misreads the answer
+    (("kept", "last"), 1.0, "every shorter context lost answers"),       # quality assumed, not measured
+])
+def test_each_contexts_claim_can_fail(key, value, message):
+    with pytest.raises(AssertionError, match=message):
+        lab15.assert_claims(_contexts_with(key, value), show=False)
+
+
+def test_a_compressor_that_drops_single_tokens_fails_the_whole_word_claim():
+    """Measured on the course's tokenizer and lab 11's conversations: dropping the least surprising TOKENS to the
+    budget (rather than whole words) cuts words and template markers, and the claim names it."""
+    import os
+
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    from lab_utils.efficiency import contexts
+    from lab_utils.models.loader import model_folder
+    from lab_utils.models.tokenizer import load_tokenizer
+    from lab_utils.rag.conversations import load_conversations
+    from lab_utils.rag.corpus import load_corpus
+
+    tok, corpus = load_tokenizer(model_folder("smollm2-135m")), load_corpus()
+    rng = random.Random(0)
+    turns, budgets = [], []
+    for convo in load_conversations()[:3]:
+        t = contexts.variants(tok, "You are a helpful assistant.", convo, corpus, len(convo.turns) - 1)
+        surprisal = [rng.uniform(0, 10) for _ in range(len(t["full"]))]
+        budget = len(t["full"]) // 2
+        drop = set(sorted(range(len(surprisal)), key=surprisal.__getitem__)[:len(surprisal) - budget])
+        tokens = tuple(x for i, x in enumerate(t["full"].ids) if i not in drop)
+        t["compressed"] = contexts.Context((contexts.Piece(tokens, "word"),))
+        turns.append(t)
+        budgets.append(budget)
+    scores = {v: [(8, -0.5)] * len(turns) for v in turns[0]}
+    scores["last"] = [(3, -1.0)] * len(turns)
+    r = contexts.summary(turns, scores, 8, budgets, _contexts_r()["ttft_s"], sum(len(t["full"]) for t in turns))
+    assert r["whole_words"] == 0
+    verdicts = dict(lab15.contexts_claims(r))
+    assert [ok for text, ok in verdicts.items() if "only whole history words" in text] == [False]
