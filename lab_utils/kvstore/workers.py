@@ -56,16 +56,21 @@ def _worker_main(model: str, config: EngineConfig, dtype: str, client: KVStoreCl
 
 
 class PrefillWorkers:
-    """`n` prefill workers (processes), sharing one KV store of `store_bytes` unless `use_store` is False."""
+    """`n` prefill workers (processes), sharing one KV store of `store_bytes` unless `use_store` is False; or
+    `store`, a `KVStoreProcess` already running (a disaggregated cluster's, another pool's) that its owner stops."""
 
     def __init__(self, model: str, config: EngineConfig, n: int = 2, store_bytes: int = 256 << 20,
-                 use_store: bool = True, dtype: str = "float32", startup_timeout_s: float = 300.0) -> None:
+                 use_store: bool = True, dtype: str = "float32", startup_timeout_s: float = 300.0,
+                 store: KVStoreProcess | None = None) -> None:
         if n < 1:
             raise ValueError(f"n={n}: give at least one worker")
         if not config.enable_prefix_caching:
             raise ValueError("prefill workers share blocks through the prefix cache: enable_prefix_caching=True")
+        if store is not None and not use_store:
+            raise ValueError("store is the pool's shared store: it needs use_store=True")
         ctx = torch.multiprocessing.get_context("spawn")
-        self.store = KVStoreProcess(store_bytes) if use_store else None
+        self._owns_store = use_store and store is None
+        self.store = store if store is not None else KVStoreProcess(store_bytes) if use_store else None
         self._conns, self._procs = [], []
         try:
             for i in range(n):
@@ -103,7 +108,7 @@ class PrefillWorkers:
         return result
 
     def close(self) -> None:
-        """Stop the workers and the store: no process outlives the pool."""
+        """Stop the workers and the store the pool started: no process outlives the pool."""
         for conn in self._conns:
             try:
                 conn.send(("stop",))
@@ -117,7 +122,7 @@ class PrefillWorkers:
         for conn in self._conns:
             conn.close()
         self._conns, self._procs = [], []
-        if self.store is not None:
+        if self.store is not None and self._owns_store:
             self.store.close()
 
     def __enter__(self) -> "PrefillWorkers":

@@ -155,6 +155,13 @@ def test_cluster_through_the_store_equals_the_pipe_and_a_second_cluster_reads_th
         ref = colocated_run(toy, CFG, [longer], SamplingParams(max_tokens=6, ignore_eos=True), dtype="float64")
         assert again.token_ids == ref[0].token_ids
         assert store.process.is_alive()  # a store passed in is its owner's to stop
+        # and a prefill worker of lab 14's pool on the same store: all 8 blocks of that prompt are there
+        from lab_utils.kvstore.workers import PrefillWorkers
+
+        with PrefillWorkers(toy, CFG, n=1, store=store, dtype="float64", startup_timeout_s=240) as pool:
+            third = pool.prefill(0, longer + [11])
+        assert third["num_cached_tokens"] == 32 and third["blocks_from_store"] == 8 and not third["leaked"]
+        assert store.process.is_alive()
     assert multiprocessing.active_children() == []
 
 
