@@ -184,3 +184,45 @@ def test_a_block_dropped_from_a_tiny_store_is_recomputed_not_lost(toy):
     assert stats["store_get_bytes_total"] == stats["store_blocks_got"] * BLOCK_BYTES
     assert multiprocessing.active_children() == []  # the workers and the cluster's own store
     assert not os.path.exists(address)
+
+
+SWAPPED_IMPORT = """
+import torch
+
+
+def import_kv(cache, block_table, kv, block_size):
+    n = kv["k"].shape[1]
+    table = list(block_table)
+    if n == 8:  # the prompt's two full blocks, each written where the other belongs
+        table[:2] = table[1::-1]
+    slots = torch.tensor([table[t // block_size] * block_size + t % block_size for t in range(n)])
+    for name, t in kv.items():
+        cache[name][:, slots] = t
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_the_learners_import_kv_runs_on_the_store_path_and_the_audit_sees_it(toy, tmp_path, monkeypatch):
+    """The blocks from the store go into the decode worker's cache through the learner's disagg.import_kv, as on
+    the pipe path: one that swaps two blocks gives the same tokens and is caught block by block."""
+    from lab_utils.course import learner_parts
+
+    folder = tmp_path / "my_engine"
+    folder.mkdir()
+    (folder / "disagg.py").write_text(SWAPPED_IMPORT)
+    monkeypatch.setenv("LAB_LEARNER_DIR", str(folder))
+    learner_parts.forget()
+    params = SamplingParams(max_tokens=4, ignore_eos=True)
+    prompts = [list(range(5, 13))] + PROMPTS[1:]
+    ref = colocated_run(toy, CFG, prompts, params, dtype="float64")
+    with DisaggregatedCluster(toy, CFG, dtype="float64", startup_timeout_s=240, audit_kv=True, kv_transfer="store",
+                              learner_parts=["disagg.import_kv"]) as cluster:
+        outs = cluster.generate(prompts, params, timeout_s=240)
+        audit = cluster.kv_handoff_check()
+        stats = cluster.transfer_stats()
+    assert cluster.learner_parts_ran["decode"] == ["disagg.import_kv"]
+    assert stats["store_blocks_got"] == 2 + 0 + 1 + 7 and stats["num_recomputed"] == 0
+    assert _ids(outs) == _ids(ref)  # two full blocks swapped: the same tokens, the wrong KV
+    assert sorted(block for _, block in audit["mismatched"]) == [0, 1]
+    assert {rid.split("-")[1] for rid, _ in audit["mismatched"]} == {"0"}
