@@ -5,6 +5,9 @@ every request shipped between them.
     with DisaggregatedCluster("smollm2-135m", EngineConfig(...)) as cluster:
         outs = cluster.generate(prompts, SamplingParams(max_tokens=32), arrival_times=[...])
         cluster.transfer_stats()
+
+`kv_transfer="store"`: the prompts' full KV blocks go through a shared KV store process instead of the pipe
+between the workers (`store_handoff.py`; `cluster.worker_stats()` says what each worker still holds).
 """
 from lab_utils.disagg.router import DisaggregatedCluster, WorkerFailure, colocated_run
 from lab_utils.disagg.transfer import TransferRecord, pack, unpack

@@ -3,4 +3,5 @@ copying a block back against recomputing it (`costs.py`), for the engine's host 
 (`lab_utils.engine.host_tier`); a store shared between processes, Mooncake-style
 (`store.py`: the store process; `tier.py`: the store under an engine's prefix cache; `workers.py`: prefill
 workers that share it); where each returning turn's prompt came from, device, host, store or recomputed
-(`sources.py`)."""
+(`sources.py`). The decode side, a disaggregated cluster's hand-off through the store, is
+`lab_utils.disagg.store_handoff` (`DisaggregatedCluster(kv_transfer="store")`)."""
