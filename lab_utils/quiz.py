@@ -367,6 +367,12 @@ QUESTIONS: dict[str, list[Question]] = {
             "target's answer"], "b",
            "Confident requests stay on the cheap model; doubtful ones go to the target. A signal that needs the "
            "target's answer would cost what routing saves (and leaks the answer into the decision)."),
+        _n("compress_cost", "Before each request, a compressor scored by the target itself halves a 2,000-token "
+           "history (it reads every token's surprisal, then drops the least surprising words). Counting its scoring "
+           "pass, how many prompt tokens does the target prefill for one request?", 3000,
+           "Scoring is a full prefill of the 2,000 tokens (with their log-probabilities); the compressed prompt then "
+           "costs 1,000 more. It pays only when one compressed prompt serves many requests, or when a much smaller "
+           "model scores.", unit="tokens"),
     ],
 }
 
