@@ -84,7 +84,10 @@ def fetch_prompt_kv(client: KVStoreClient, names: list[bytes], token_ids: list[i
     if len(blocks) < len(names):
         rec["store_blocks_missing"] = len(names) - len(blocks)
     else:
-        kv = {n: torch.cat([b[n] for b in blocks] + [t], dim=1) for n, t in tail.items()} if blocks else tail
+        try:  # blocks of another shape (a store shared with another model's workers) are recomputed too
+            kv = {n: torch.cat([b[n] for b in blocks] + [t], dim=1) for n, t in tail.items()} if blocks else tail
+        except (RuntimeError, KeyError) as e:
+            rec["store_get_error"] = f"{type(e).__name__}: {e}"
     rec["store_get_s"] = time.perf_counter() - t0
     return kv, rec
 

@@ -102,6 +102,10 @@ def test_a_store_that_refuses_a_block_leaves_it_on_the_pipe():
     assert names == [] and "store_put_error" in rec and torch.equal(tail["k"], kv["k"])
     got, rec = fetch_prompt_kv(store.client(), [b"x"], list(range(10)), 4, tail)
     assert got is None and "store_get_error" in rec  # the decode side recomputes
+    with KVStoreProcess(capacity_bytes=1 << 20) as store:  # a block of another model's shape under the name
+        names, _, _ = publish_prompt_kv(store.client(), {"k": torch.zeros(3, 10, 3)}, list(range(10)), 4)
+        got, rec = fetch_prompt_kv(store.client(), names, list(range(10)), 4, {"k": kv["k"][:, 8:]})
+        assert got is None and "store_get_error" in rec
 
 
 def test_bad_arguments():
