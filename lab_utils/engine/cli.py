@@ -9,7 +9,7 @@ import argparse
 import json
 import math
 
-from lab_utils.engine.config import KV_CACHE_DTYPES, PREEMPTION_MODES, SCHEDULERS, EngineConfig
+from lab_utils.engine.config import KV_CACHE_DTYPES, KV_OFFLOAD_POLICIES, PREEMPTION_MODES, SCHEDULERS, EngineConfig
 
 DTYPES = {"auto": None, "float32": "float32", "fp32": "float32", "bfloat16": "bfloat16", "bf16": "bfloat16",
           "float16": "float16", "fp16": "float16"}
@@ -35,6 +35,16 @@ _ENGINE_FLAGS = [
     ("--kv-offloading-size", "kv_offload_bytes",
      dict(type=lambda gib: int(float(gib) * 2**30), metavar="GiB",
           help="host memory in GiB for KV blocks the prefix cache evicts, as vLLM (default off)")),
+    ("--kv-offloading-policy", "kv_offload_policy",
+     dict(choices=KV_OFFLOAD_POLICIES, help="which host-tier block goes first: lru, or 2q (keeps prefixes that came "
+                                      "back before; default lru)")),
+    ("--kv-offloading-disk-size", "kv_offload_disk_bytes",
+     dict(type=lambda gib: int(float(gib) * 2**30), metavar="GiB",
+          help="disk in GiB under the host tier for the blocks it drops, as vLLM's fs secondary tier; needs "
+               "--kv-offloading-size (default off)")),
+    ("--kv-offloading-disk-path", "kv_offload_disk_path",
+     dict(metavar="DIR", help="where the disk tier makes its directory, removed at exit (default: the system's "
+                              "temp dir)")),
     ("--preemption-mode", "preemption_mode", dict(choices=PREEMPTION_MODES, help="when KV runs out (default recompute)")),
     ("--enforce-eager", "enforce_eager", dict(action="store_true", default=None, help="never compile/capture graphs")),
     ("--speculative-config", "speculative", dict(type=json.loads, metavar="JSON",

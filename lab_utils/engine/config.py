@@ -81,6 +81,14 @@ class EngineConfig:
     # a returning prefix is copied back instead of recomputed. None or 0: off, an evicted block is gone
     kv_offload_bytes: int | None = None
     kv_offload_policy: str = "lru"  # which host-tier entry goes first: "lru", or "2q" (keeps returning prefixes)
+    # disk under the host tier (vLLM's "fs" secondary tier; disk_tier.py), in bytes: the host tier's dropped
+    # entries go there, in one file inside a directory made under kv_offload_disk_path (None: the system's temp
+    # dir) and removed when the engine closes. None or 0: off. Needs the host tier (kv_offload_bytes)
+    kv_offload_disk_bytes: int | None = None
+    kv_offload_disk_path: str | None = None
+    # read a new request's disk-tier blocks into the host tier on a background thread as it is added, so that
+    # they are host hits by its admission (off: they are read when its prefix is looked up)
+    kv_offload_prefetch: bool = True
     enforce_eager: bool = False
     seed: int = 0
     # CPU fast paths (lab_utils.engine.accel): PyTorch's results to float32 round-off, on by default, off for A/B
@@ -113,6 +121,14 @@ class EngineConfig:
                                                                     and self.kv_offload_bytes >= 0),
              "None (off) or an int >= 0 (bytes of host memory; 0: off)")
         need("kv_offload_policy", self.kv_offload_policy in KV_OFFLOAD_POLICIES, f"one of {KV_OFFLOAD_POLICIES}")
+        need("kv_offload_disk_bytes", self.kv_offload_disk_bytes is None or (
+            isinstance(self.kv_offload_disk_bytes, int) and self.kv_offload_disk_bytes >= 0),
+             "None (off) or an int >= 0 (bytes of disk; 0: off)")
+        need("kv_offload_prefetch", isinstance(self.kv_offload_prefetch, bool), "True or False")
+        if self.kv_offload_disk_bytes and not self.kv_offload_bytes:
+            raise ValueError(f"EngineConfig.kv_offload_disk_bytes={self.kv_offload_disk_bytes} keeps the blocks the "
+                             f"host tier drops, but the host tier is off (kv_offload_bytes="
+                             f"{self.kv_offload_bytes}); give it some host memory too")
         if self.kv_offload_bytes and (not self.enable_prefix_caching or self.kv_layout == "contiguous"):
             raise ValueError(f"EngineConfig.kv_offload_bytes={self.kv_offload_bytes} keeps the prefix cache's "
                              f"evicted blocks, but the prefix cache is off (enable_prefix_caching="

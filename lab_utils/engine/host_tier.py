@@ -12,14 +12,28 @@ is ever held twice. The price: a block evicted, brought back and evicted again i
 
 The tier is bounded in bytes; which entry it drops to make room is an `EvictionPolicy`'s choice (`POLICIES`:
 `LRUPolicy`, and `TwoQueuePolicy`, which keeps the prefixes that have come back before).
+
+Below it, optionally, a disk tier (`disk_tier.DiskTier`, `EngineConfig.kv_offload_disk_bytes`): an entry the
+host tier drops goes to disk instead of vanishing. A lookup that misses the device and the host but hits the
+disk reads the block straight into its device block (one copy, no detour through the host tier's bytes). And
+`prefetch`, called when a request is added, reads the disk blocks of its prompt into the host tier on a
+background thread, so that by the time the request is admitted they are host hits: the reads overlap the steps
+of the requests running meanwhile. An entry being prefetched is held (`pending`) with its bytes counted; a
+lookup that reaches it before the read is done waits for it. A prefetched entry is reserved for its request
+until the request is admitted (`release`): the policy does not see it, so blocks the device evicts meanwhile
+cannot push it back out (when only reserved entries are left, such a block goes straight to the disk tier).
 """
 from __future__ import annotations
 
+import time
 from collections import OrderedDict
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Callable, Hashable
+from typing import Callable, Hashable, Iterable
 
 import torch
+
+from lab_utils.engine.disk_tier import STATS_WHEN_OFF as DISK_STATS_WHEN_OFF, DiskTier
 
 Saved = dict[str, torch.Tensor]  # one block's K/V as `KVCache.copy_out` returns it
 
@@ -92,29 +106,41 @@ POLICIES: dict[str, Callable[[], EvictionPolicy]] = {"lru": LRUPolicy, "2q": Two
 @dataclass
 class Entry:
     token_ids: tuple[int, ...]  # the block's tokens: a name with other tokens is a collision, never a hit
-    saved: Saved
+    saved: Saved | None  # None while `pending`
     nbytes: int
+    pending: Future | None = None  # a prefetch still reading the block from disk: its result is `saved`
+    prefetched: bool = False  # came up from the disk tier ahead of its lookup
 
 
 class HostTier:
     """Blocks the device pool evicted, by name, within `capacity_bytes` of host memory.
 
     `copy_out(block_id) -> Saved` and `copy_in(block_id, saved)` move one block's K/V between the device cache and
-    host tensors (the engine passes `KVCache.copy_out` / `copy_in` bound to its cache)."""
+    host tensors (the engine passes `block_copies.BlockCopies`' methods, bound to its cache). `disk`: the tier
+    that receives the entries this one drops (None: they are gone). `pin`: a function applied to blocks read
+    from disk by a prefetch (on CUDA, `Tensor.pin_memory`, so that their copy to the device is asynchronous)."""
 
     def __init__(self, capacity_bytes: int, copy_out: Callable[[int], Saved], copy_in: Callable[[int, Saved], None],
-                 policy: EvictionPolicy | None = None) -> None:
+                 policy: EvictionPolicy | None = None, disk: DiskTier | None = None,
+                 pin: Callable[[torch.Tensor], torch.Tensor] | None = None) -> None:
         if capacity_bytes < 0:
             raise ValueError(f"capacity_bytes={capacity_bytes} must be >= 0")
         self.capacity_bytes = capacity_bytes
         self.copy_out, self.copy_in = copy_out, copy_in
         self.policy = policy if policy is not None else LRUPolicy()
+        self.disk, self.pin = disk, pin
         self.entries: dict[Hashable, Entry] = {}
         self.bytes_used = 0
         # counters, in blocks and bytes: out = device -> host, in = host -> device
         self.hits = self.blocks_out = self.bytes_out = self.blocks_in = self.bytes_in = 0
-        self.dropped = 0  # entries dropped to make room
+        self.dropped = 0  # entries dropped to make room (to the disk tier, if there is one)
         self.peak_bytes = 0
+        # the prefetch: blocks read up from disk ahead of their lookup, hits on them, seconds lookups waited
+        self.prefetched = self.prefetch_hits = 0
+        self.prefetch_wait_seconds = 0.0
+        self._reader: ThreadPoolExecutor | None = None  # one background thread, made at the first prefetch
+        self.reserved: dict[Hashable, list[Hashable]] = {}  # request id -> the names prefetched for it
+        self._reserved: set[Hashable] = set()  # names held for a request, out of the policy's sight
 
     def __len__(self) -> int:
         return len(self.entries)
@@ -123,44 +149,163 @@ class HostTier:
         return name in self.entries
 
     def holds(self, name: Hashable, token_ids: tuple[int, ...]) -> bool:
-        """True if the tier has the block named `name` with exactly these tokens."""
+        """True if the tier (or the disk tier under it) has the block named `name` with exactly these tokens."""
         e = self.entries.get(name)
-        return e is not None and e.token_ids == token_ids
+        if e is not None:
+            return e.token_ids == token_ids
+        return self.disk is not None and self.disk.holds(name, token_ids)
 
     def offload(self, block_id: int, name: Hashable, token_ids: tuple[int, ...]) -> None:
         """The device is about to reuse `block_id`, which holds the block `name`: keep a host copy of its K/V,
         dropping entries (the policy's victims) until it fits. A block larger than the whole tier is not kept."""
         self._remove(name)
+        if self.disk is not None:
+            self.disk._remove(name)  # one name, one place
         saved = self.copy_out(block_id)
         nbytes = sum(t.nbytes for t in saved.values())
         if nbytes > self.capacity_bytes:
+            if self.disk is not None:
+                self.disk.put(name, token_ids, saved)
             return
+        if not self._make_room(nbytes):  # only reserved entries left: the block goes to the disk tier
+            if self.disk is not None:
+                self.disk.put(name, token_ids, saved)
+            return
+        self._insert(name, Entry(token_ids, saved, nbytes))
+        self.blocks_out += 1
+        self.bytes_out += nbytes
+
+    def _make_room(self, nbytes: int) -> bool:
+        """Drop the policy's victims (to the disk tier, if any) until `nbytes` more fit; False if only reserved
+        entries are left before they do."""
         while self.bytes_used + nbytes > self.capacity_bytes:
+            if self._reserved and len(self.entries) <= len(self._reserved):
+                return False
             victim = self.policy.victim()
             if victim not in self.entries:  # else the loop would drop nothing, forever
                 raise RuntimeError(f"the host tier's eviction policy {type(self.policy).__name__} chose {victim!r}, "
                                    f"an entry the tier does not hold: an entry leaves the tier only through "
-                                   f"offload, take or a drop, and each tells the policy (removed); a block taken "
+                                   f"offload, take or a drop, and each tell the policy (removed); a block taken "
                                    f"out of tier.entries directly leaves the policy a stale name")
+            e = self.entries[victim]
             self._remove(victim)
             self.dropped += 1
-        self.entries[name] = Entry(token_ids, saved, nbytes)
-        self.bytes_used += nbytes
+            if self.disk is not None:
+                self.disk.put(victim, e.token_ids, self._resolve(e))
+        return True
+
+    def _insert(self, name: Hashable, entry: Entry, owner: Hashable | None = None) -> None:
+        self.entries[name] = entry
+        self.bytes_used += entry.nbytes
         self.peak_bytes = max(self.peak_bytes, self.bytes_used)
-        self.policy.inserted(name)
-        self.blocks_out += 1
-        self.bytes_out += nbytes
+        if owner is None:
+            self.policy.inserted(name)
+        else:
+            self._reserved.add(name)
+            self.reserved.setdefault(owner, []).append(name)
+
+    def _resolve(self, e: Entry) -> Saved:
+        """An entry's K/V, waiting for its prefetch if it is still being read."""
+        if e.pending is not None:
+            t0 = time.perf_counter()
+            e.saved, e.pending = e.pending.result(), None
+            self.prefetch_wait_seconds += time.perf_counter() - t0
+        return e.saved
 
     def take(self, name: Hashable, token_ids: tuple[int, ...]) -> Saved | None:
-        """A hit leaves the tier (exclusive): its K/V for `restore`, or None if the tier does not hold it."""
-        if not self.holds(name, token_ids):
+        """A hit leaves the tier (exclusive): its K/V for `restore`, or None if the tier does not hold it. A
+        block only the disk tier holds is read from disk (it leaves the disk tier) and returned as well."""
+        e = self.entries.get(name)
+        if e is None or e.token_ids != token_ids:
+            if e is None and self.disk is not None and self.disk.holds(name, token_ids):
+                self.policy.removed(name, True)  # the name came back (2Q's history), though from the disk tier
+                return self.disk.take(name, token_ids)
             return None
-        e = self.entries[name]
         self._remove(name, hit=True)
         self.hits += 1
         self.blocks_in += 1
         self.bytes_in += e.nbytes
-        return e.saved
+        self.prefetch_hits += e.prefetched
+        return self._resolve(e)
+
+    def prefetch(self, blocks: Iterable[tuple[Hashable, tuple[int, ...]]], owner: Hashable = None) -> int:
+        """Start reading, on a background thread, the disk tier's copies of these blocks (a prompt's prefix,
+        `(name, token_ids)` in order) into this tier, as far as they fit in it, reserved for `owner` (a request
+        id) until `release(owner)`; returns how many. Called on the engine's thread when a request is added; the
+        thread only reads (each block's slot is claimed first)."""
+        if self.disk is None:
+            return 0
+        budget, started = self.capacity_bytes, 0
+        for name, ids in blocks:
+            e = self.entries.get(name)
+            if e is not None:  # here already: reserved too, so the reads that follow do not push it to disk
+                if e.token_ids == ids and name not in self._reserved:
+                    self.policy.removed(name, False)
+                    self._reserved.add(name)
+                    self.reserved.setdefault(owner, []).append(name)
+                continue
+            if not self.disk.holds(name, ids):
+                continue
+            nbytes = self.disk.entries[name].nbytes
+            if nbytes > budget:
+                break
+            budget -= nbytes
+            if sum(self.entries[n].nbytes for n in self._reserved) + nbytes > self.capacity_bytes:
+                break  # the rest of the tier is reserved already
+            claimed = self.disk.claim(name, ids)  # first: the victims that make room go to the disk tier
+            self._make_room(nbytes)
+            if self._reader is None:
+                self._reader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kv-disk-prefetch")
+            pending = self._reader.submit(self._read, claimed)
+            self._insert(name, Entry(ids, None, nbytes, pending, prefetched=True), owner)
+            self.prefetched += 1
+            started += 1
+        return started
+
+    def release(self, owner: Hashable) -> None:
+        """`owner` was admitted (or ended): what was prefetched for it and not taken becomes an ordinary entry,
+        the policy's to drop."""
+        for name in self.reserved.pop(owner, ()):
+            if name in self._reserved:
+                self._reserved.discard(name)
+                self.policy.inserted(name)
+
+    def _read(self, claimed) -> Saved:
+        saved = self.disk.read_claimed(claimed)
+        return {k: self.pin(t) for k, t in saved.items()} if self.pin is not None else saved
+
+    def drain(self) -> None:
+        """Wait for every prefetch in flight (before a leak check, or closing)."""
+        for e in self.entries.values():
+            self._resolve(e)
+        if self._reader is not None:  # reads of entries replaced meanwhile: the one thread works in order
+            self._reader.submit(lambda: None).result()
+
+    def books(self) -> str:
+        """'' when the books are right: bytes counted = bytes held, within capacity, and the disk tier's too."""
+        self.drain()
+        held = sum(e.nbytes for e in self.entries.values())
+        if held != self.bytes_used or self.bytes_used > self.capacity_bytes:
+            return f"host tier: {self.bytes_used} bytes counted, {held} held, capacity {self.capacity_bytes}"
+        if self._reserved:
+            return f"host tier: {len(self._reserved)} prefetched entries still reserved for requests {list(self.reserved)}"
+        if self.disk is not None:
+            if set(self.disk.entries) & set(self.entries):
+                return "a name is held by both the host tier and the disk tier"
+            return self.disk.books()
+        return ""
+
+    def close(self) -> None:
+        """Finish the prefetches, drop every entry, and remove the disk tier's files."""
+        if self._reader is not None:
+            self._reader.shutdown(wait=True)
+            self._reader = None
+        self.entries.clear()
+        self.reserved.clear()
+        self._reserved.clear()
+        self.bytes_used = 0
+        if self.disk is not None:
+            self.disk.close()
 
     def restore(self, block_id: int, saved: Saved) -> None:
         """Copy a block taken from the tier into device block `block_id`."""
@@ -168,8 +313,14 @@ class HostTier:
 
     def _remove(self, name: Hashable, hit: bool = False) -> None:
         e = self.entries.pop(name, None)
-        if e is not None:
-            self.bytes_used -= e.nbytes
+        if e is None:
+            return
+        self.bytes_used -= e.nbytes
+        if name in self._reserved:  # the policy never saw it; a hit still tells it the name came back
+            self._reserved.discard(name)
+            if hit:
+                self.policy.removed(name, True)
+        else:
             self.policy.removed(name, hit)
 
     def stats(self) -> dict:
@@ -177,7 +328,10 @@ class HostTier:
                 "host_tier_bytes_out": self.bytes_out, "host_tier_blocks_in": self.blocks_in,
                 "host_tier_bytes_in": self.bytes_in, "host_tier_entries": len(self.entries),
                 "host_tier_bytes": self.bytes_used, "host_tier_capacity_bytes": self.capacity_bytes,
-                "host_tier_dropped": self.dropped}
+                "host_tier_dropped": self.dropped, "host_tier_prefetched": self.prefetched,
+                "host_tier_prefetch_hits": self.prefetch_hits,
+                "host_tier_prefetch_wait_seconds": self.prefetch_wait_seconds,
+                **(self.disk.stats() if self.disk is not None else DISK_STATS_WHEN_OFF)}
 
 
 # the host-tier stats of an engine without the tier (every engine reports them)

@@ -4,6 +4,7 @@ recomputing them, with the same greedy tokens; every block comes back, the tier 
 drops its least recently used entry first."""
 from __future__ import annotations
 
+import os
 import random
 
 import pytest
@@ -259,35 +260,72 @@ def test_a_policy_that_names_an_entry_the_tier_lacks_is_stopped():
         tier.offload(1, "b", (2,))
 
 
-def test_fuzz_host_tier_under_memory_pressure_keeps_outputs_and_its_books(tiny64):
+def test_fuzz_host_and_disk_tiers_under_memory_pressure_keep_outputs_and_their_books(tiny64):
     """The engine's property test (shared prefixes, tight pool, chunked prefill, both preemption modes) with a host
-    tier of a random size (none to plenty) and policy: the greedy tokens are the reference's, every device block
-    comes back, and the tier's bytes and its policy's names match its entries."""
-    from hypothesis import given
+    tier of a random size (none to plenty) and policy, a disk tier under it (none, tiny, plenty), the prefetch on
+    or off, requests arriving together or a few steps apart, and sometimes one too big for the pool: every
+    request finishes with the reference's greedy tokens or is rejected, every device block comes back, and each
+    tier's books match its entries (bytes, the policy's names, the disk's slots; nothing still reserved)."""
+    from hypothesis import example, given
     from hypothesis import strategies as st
-    from test_engine_properties import SETTINGS, reference, run, tight_pool, workloads
+    from test_engine_properties import MAX_MODEL_LEN, SETTINGS, reference, tight_pool, workloads
 
     from lab_utils.kvstore.returning import leak_report
 
-    hits = []
+    hits = {"host": 0, "disk": 0, "prefetch": 0, "rejected": 0}
+    # whatever hypothesis draws, a workload whose shared prefix surely goes down to the disk tier and comes back
+    system = list(range(1000, 1040))
+    sure = ([system + [7, 8, 9], [50 + i for i in range(40)], [90 + i for i in range(41)], system + [10, 11],
+             system + [12]], [4, 4, 4, 4, 4])
+    sure_kw = dict(work=sure, mode="recompute", budget=40, slack=0, block_size=4, tier_blocks=1, policy="lru",
+                   disk_blocks=64, apart=0, too_big=False)
 
     @SETTINGS
+    @example(**{**sure_kw, "prefetch": False})
+    @example(**{**sure_kw, "prefetch": True, "apart": 8, "mode": "swap", "tier_blocks": 4})
     @given(work=workloads(shared_prefix=True), mode=st.sampled_from(["recompute", "swap"]),
            budget=st.sampled_from([8, 16, 40]), slack=st.integers(0, 3), block_size=st.sampled_from([4, 8]),
-           tier_blocks=st.sampled_from([1, 2, 4, 64]), policy=st.sampled_from(sorted(POLICIES)))
-    def prop(work, mode, budget, slack, block_size, tier_blocks, policy):
+           tier_blocks=st.sampled_from([1, 2, 4, 64]), policy=st.sampled_from(sorted(POLICIES)),
+           disk_blocks=st.sampled_from([0, 1, 3, 64]), prefetch=st.booleans(), apart=st.sampled_from([0, 0, 2, 8]),
+           too_big=st.booleans())
+    def prop(work, mode, budget, slack, block_size, tier_blocks, policy, disk_blocks, prefetch, apart, too_big):
         prompts, max_tokens = work
         ref = reference(tiny64, prompts, max_tokens)
         blocks = tight_pool(prompts, max_tokens, block_size, slack)
         probe = LLMEngine(tiny64, EngineConfig(block_size=block_size, num_gpu_blocks=blocks, max_model_len=128),
                           device="cpu")
-        eng, got = run(tiny64, prompts, max_tokens, num_gpu_blocks=blocks, block_size=block_size,
-                       preemption_mode=mode, max_num_batched_tokens=max(budget, block_size),
-                       enable_prefix_caching=True, watermark=0.0,
-                       kv_offload_bytes=tier_blocks * probe.bytes_per_block, kv_offload_policy=policy)
-        assert got == ref
+        per = probe.bytes_per_block
+        eng = LLMEngine(tiny64, EngineConfig(
+            num_gpu_blocks=blocks, block_size=block_size, preemption_mode=mode,
+            max_num_batched_tokens=max(budget, block_size), enable_prefix_caching=True, watermark=0.0,
+            max_model_len=MAX_MODEL_LEN, kv_offload_bytes=tier_blocks * per, kv_offload_policy=policy,
+            kv_offload_disk_bytes=disk_blocks * (per + 64 * 4) or None, kv_offload_prefetch=prefetch), device="cpu")
+        todo = [(p, SamplingParams(max_tokens=m, ignore_eos=True)) for p, m in zip(prompts, max_tokens)]
+        if too_big:  # needs more blocks than the pool has: rejected at once, never stuck
+            todo.insert(len(todo) // 2, (prompts[0][:block_size] * 8, SamplingParams(max_tokens=blocks * block_size)))
+        ids, outs, steps = [], {}, 0
+        while todo or eng.has_unfinished():
+            if todo and (apart == 0 or steps % apart == 0):
+                ids.append(eng.add_request(*todo.pop(0)))
+                if apart == 0:
+                    continue
+            outs.update((o.request_id, o) for o in eng.step() if o.finished)
+            steps += 1
+        got = [outs[i] for i in ids]
+        rejected = [o for o in got if o.finish_reason.startswith("rejected")]
+        assert len(rejected) == too_big, [o.finish_reason for o in got]
+        assert [o.token_ids for o in got if o not in rejected] == ref
+        assert all(o.finish_reason == "length" for o in got if o not in rejected)
         assert leak_report(eng) == ""
-        hits.append(eng.stats()["host_tier_hits"])
+        assert eng.scheduler.num_running == 0 and not eng.scheduler.waiting
+        disk = eng.block_manager.host_tier.disk
+        st_ = eng.stats()
+        hits["host"] += st_["host_tier_hits"]
+        hits["disk"] += st_["disk_tier_hits"]
+        hits["prefetch"] += st_["host_tier_prefetched"]
+        hits["rejected"] += len(rejected)
+        eng.close()
+        assert disk is None or not os.path.exists(disk.dir)
 
     prop()
-    assert sum(hits) > 0, "no example brought a block back from the host tier"
+    assert hits["host"] > 0 and hits["disk"] > 0 and hits["prefetch"] > 0 and hits["rejected"] > 0, hits
