@@ -54,10 +54,11 @@ def lab_engine(model_tok, trace, output_tokens: int, block_size: int, device_blo
                                                    kv_offload_policy="lru"), device="cpu")
         rows = returning.run_trace(engine, trace, params)
         back = returning.returning(rows)
+        back_tokens = sum(r.prompt_tokens for r in back)
         out[name] = {
             "hit_rate": sum(r.device_tokens + r.host_tokens for r in rows) / sum(r.prompt_tokens for r in rows),
-            "returning_hit_rate": sum(r.device_tokens + r.host_tokens for r in back) / sum(r.prompt_tokens for r in back),
-            "returning_host_share": sum(r.host_tokens for r in back) / sum(r.prompt_tokens for r in back),
+            "returning_hit_rate": sum(r.device_tokens + r.host_tokens for r in back) / back_tokens,
+            "returning_host_share": sum(r.host_tokens for r in back) / back_tokens,
             "returning_ttft_ms": 1e3 * statistics.median(r.ttft_s for r in back),
             "cached_tokens": [r.device_tokens + r.host_tokens for r in rows], "token_ids": [r.token_ids for r in rows],
         }
@@ -75,7 +76,8 @@ def main() -> None:
     ap.add_argument("--slack-blocks", type=int, default=4)
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
-    conversations, turns, passage_chars, tier_blocks, one_offs = (3, 3, 500, 48, 0) if args.smoke else (8, 4, 1200, 120, 8)
+    sizes = (3, 3, 500, 48, 0) if args.smoke else (8, 4, 1200, 120, 8)  # lab 14's SMOKE and full sizes
+    conversations, turns, passage_chars, tier_blocks, one_offs = sizes
     model_tok = load_model(args.model, device="cpu")
     trace = lab14_trace(model_tok[1], conversations, turns, passage_chars, one_offs)
     longest = max(len(t.prompt) for t in trace)

@@ -79,8 +79,8 @@ def compare(trace: Sequence, max_tokens: int, device_tokens: int, offload_bytes:
         if "refused" in got:
             if name == "off":
                 raise RuntimeError(f"vLLM did not start even without offloading: {got['refused']}")
-            out["skipped"] = (f"{got['vllm']} refuses KV offloading on this platform ({out['platform']}): {got['refused']}. "
-                              f"On a GPU: {out['gpu_flags']}")
+            out["skipped"] = (f"{got['vllm']} refuses KV offloading on this platform ({out['platform']}): "
+                              f"{got['refused']}. On a GPU: {out['gpu_flags']}")
             break
         out["settings"][name] = summarize(got, turns)
     return out
@@ -130,7 +130,8 @@ def _run_child(job: dict, timeout_s: float) -> dict:
 # ------------------------------------------------------------------------------------------ in the child
 def run_setting(job: dict) -> dict:
     """Build one vLLM engine and run the prompts one at a time. {"refused": "<error>"} when the engine does not
-    build (offloading refused), {"absent": "<error>"} when vLLM does not import; otherwise per-turn prompt/cached tokens, TTFT and output ids."""
+    build (offloading refused), {"absent": "<error>"} when vLLM does not import; otherwise per-turn prompt and
+    cached tokens, TTFT and output ids."""
     from lab_utils import vllm_env
 
     vllm_env.setup(job["threads"])
