@@ -24,6 +24,7 @@ ROUTE_PART = "efficiency.route"
 AREA_BAR = 0.03  # answers kept above the straight line, averaged over the cost range
 SESSION_TOKENS_BAR = 0.5  # the session state's prompt tokens, at most this share of the full history's
 SESSION_TTFT_BAR = 1.5  # full history's time to first token over the session state's, at least
+ROUTED_TIME_BOUND = 0.35  # a routing setting's time from the per-task times vs its run measured, relative error
 BLOCK = 16
 
 
@@ -183,7 +184,9 @@ def check_route(fn: Callable, seed: int | None = 0, cases: int = 300) -> None:
 
 def routing_claims(r: dict) -> list[Claim]:
     """The routing claims: the curve of the learner's router (`curve`, points with cost and kept) against the
-    straight line between its endpoints, beside a router that ignores its signal (`random_curve`)."""
+    straight line between its endpoints, beside a router that ignores its signal (`random_curve`); with
+    `time_point` (a point of the curve) and `routed_walls` (that setting run for real, twice), its time from the
+    per-task times against the measured one."""
     from lab_utils.checks.claims import need, parts_called
 
     need(r, "curve", "random_curve", "route_calls")
@@ -191,6 +194,18 @@ def routing_claims(r: dict) -> list[Claim]:
     small, full = pts[0], pts[-1]
     area, best, area_rnd = (routing.area_over_line(pts), routing.gain_over_line(pts),
                             routing.area_over_line(rnd))
+    timed = []
+    if "time_point" in r:
+        from lab_utils.checks.timing import judge_error
+
+        point, walls = r["time_point"], r["routed_walls"]
+        mean = sum(walls) / len(walls)
+        err = abs(point.time_s - mean) / mean
+        timed = [judge_error(
+            f"measured: at threshold {point.threshold:.3f} the per-task times give {point.time_s:.2f} s and the setting "
+            f"run for real took {', '.join(f'{w:.2f}' for w in walls)} s: {err:.0%} apart (bound "
+            f"{ROUTED_TIME_BOUND:.0%})", {"routed": err}, {"routed": (max(walls) - min(walls)) / mean},
+            ROUTED_TIME_BOUND, "rerun the routing cells on a quieter machine")]
     return [
         (f"measured: always small costs {small.cost:.0%} of always target's compute and keeps {small.kept:.0%} of its "
          f"answers (both endpoints measured in this run): routing has something to trade",
@@ -199,7 +214,7 @@ def routing_claims(r: dict) -> list[Claim]:
          f"kept on average over the cost range (best setting {best:+.3f}; bar {AREA_BAR}); a router that ignores "
          f"its signal: {area_rnd:+.3f}", area >= AREA_BAR),
         parts_called("the routing curve", r["route_calls"], [ROUTE_PART]),
-    ]
+    ] + timed
 
 
 def contexts_claims(r: dict) -> list[Claim]:
@@ -228,7 +243,7 @@ def contexts_claims(r: dict) -> list[Claim]:
               "full prefill", ratios(t["compressed"], t["full"]), 1.0, "rerun the timing cell on a quieter machine"),
         (f"measured: the check agrees with generation: under the full history the target's most likely tokens are "
          f"its own greedy answer's first {k} on {kept['full']:.0%} of the turns (or a near-tie)", kept["full"] == 1.0),
-        (f"measured, not assumed: every shorter context lost answers (kept: "
+        ("measured, not assumed: every shorter context lost answers (kept: "
          + ", ".join(f"{v} {x:.0%}" for v, x in shorter.items()) + ")", max(shorter.values()) < 1.0),
     ]
 

@@ -30,7 +30,6 @@ from dataclasses import dataclass
 
 from lab_utils.engine.sampling_params import SamplingParams
 
-VARIANTS = ("full", "last", "session", "compressed")
 TIE = 1e-3  # nats: a reference token this close to the most likely one agrees (another order of the same sums)
 
 
@@ -44,6 +43,7 @@ class Piece:
 
 @dataclass(frozen=True)
 class Context:
+    """A prompt as its pieces, in order (`ids` joins them)."""
     pieces: tuple[Piece, ...]
 
     @property

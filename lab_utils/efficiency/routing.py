@@ -10,7 +10,9 @@ small model's probe is paid for every request), so a signal is worth something o
 that line.
 
 Cost is compute: 2 x parameters FLOPs a prompt token the engine computed (the same tokens for both models: they
-share a tokenizer), in units of always-target's cost. The wall time of each model's run is measured beside it.
+share a tokenizer), in units of always-target's cost. Time: each model's measured run over every task, shared out
+over the tasks by their prompt tokens (a prefill's time grows with its tokens), gives every setting's seconds; the
+notebook runs one setting for real to check that figure.
 """
 from __future__ import annotations
 
@@ -37,6 +39,12 @@ class Scored:
     @property
     def flops(self) -> list[float]:
         return [2.0 * self.params * n for n in self.tokens]
+
+    @property
+    def seconds(self) -> list[float]:
+        """Each task's share of the run's measured wall time, by its share of the prompt tokens computed."""
+        total = sum(self.tokens)
+        return [self.wall_s * n / total if total else 0.0 for n in self.tokens]
 
 
 def score_options(engine, tokenizer, tasks: Sequence[Task]) -> Scored:
@@ -79,12 +87,14 @@ def route(task: Task, small_scores: Sequence[float], threshold: float) -> str:
 @dataclass(frozen=True)
 class Point:
     """One router setting: requests kept on the small model, cost (share of always-target's compute), answers
-    kept (share equal to the target's own answer) and accuracy (share right)."""
+    kept (share equal to the target's own answer), accuracy (share right) and seconds (the models' measured
+    times of the tasks each serves, the small model's probe included)."""
     threshold: float
     to_small: int
     cost: float
     kept: float
     accuracy: float
+    time_s: float = math.nan
 
 
 def evaluate(tasks: Sequence[Task], small: Scored, target: Scored, decisions: Sequence[str],
@@ -94,14 +104,15 @@ def evaluate(tasks: Sequence[Task], small: Scored, target: Scored, decisions: Se
     if any(d not in ("small", "target") for d in decisions):
         raise ValueError(f"a routing decision is 'small' or 'target', got {sorted(set(decisions))}")
     full = sum(target.flops)
-    cost = kept = right = 0.0
+    cost = kept = right = seconds = 0.0
     for i, (task, d) in enumerate(zip(tasks, decisions)):
         pick = small.picks[i] if d == "small" else target.picks[i]
         cost += (small.flops[i] if probe or d == "small" else 0.0) + (target.flops[i] if d == "target" else 0.0)
+        seconds += (small.seconds[i] if probe or d == "small" else 0.0) + (target.seconds[i] if d == "target" else 0.0)
         kept += pick == target.picks[i]
         right += pick == task.answer
     n = len(tasks)
-    return Point(threshold, sum(d == "small" for d in decisions), cost / full, kept / n, right / n)
+    return Point(threshold, sum(d == "small" for d in decisions), cost / full, kept / n, right / n, seconds)
 
 
 def curve(tasks: Sequence[Task], small: Scored, target: Scored, router: Callable = route) -> list[Point]:

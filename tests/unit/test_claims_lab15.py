@@ -201,3 +201,38 @@ def test_a_compressor_that_drops_single_tokens_fails_the_whole_word_claim():
     assert r["whole_words"] == 0
     verdicts = dict(lab15.contexts_claims(r))
     assert [ok for text, ok in verdicts.items() if "only whole history words" in text] == [False]
+
+
+def _timed_routing_r(walls):
+    r = _routing_r()
+    point = r["curve"][len(r["curve"]) // 2]
+    return dict(r, time_point=point, routed_walls=walls), point
+
+
+def test_a_routing_time_that_matches_its_run_passes(capsys):
+    r, point = _timed_routing_r(None)
+    r["routed_walls"] = [point.time_s * 1.1, point.time_s * 1.05]
+    lab15.assert_claims(dict(good(), routing=r))
+    assert "FAIL" not in capsys.readouterr().out
+
+
+def test_a_routing_time_far_from_its_run_fails_and_a_noisy_run_is_not_judged():
+    r, point = _timed_routing_r(None)
+    r["routed_walls"] = [point.time_s * 2.0, point.time_s * 2.1]  # e.g. time taken as compute share x target's
+    with pytest.raises(AssertionError, match="per-task times give"):
+        lab15.assert_claims(dict(good(), routing=r), show=False)
+    r["routed_walls"] = [point.time_s * 1.0, point.time_s * 2.5]
+    verdicts = dict(lab15.claims(dict(good(), routing=r)))
+    assert [ok for text, ok in verdicts.items() if "per-task times give" in text] == [None]
+
+
+def test_every_setting_has_the_time_of_the_tasks_each_model_serves():
+    from lab_utils.efficiency import routing
+
+    tasks, small, target = _scored()
+    pts = routing.curve(tasks, small, target)
+    assert pts[0].time_s == pytest.approx(small.wall_s)          # always small: its run, every task
+    assert pts[-1].time_s == pytest.approx(target.wall_s)        # always target: no probe
+    for p in pts[1:-1]:
+        sent = (len(tasks) - p.to_small) / len(tasks)           # equal tokens a task in _scored
+        assert p.time_s == pytest.approx(small.wall_s + sent * target.wall_s)
