@@ -140,7 +140,7 @@ class HostTier:
         self.prefetch_wait_seconds = 0.0
         self._reader: ThreadPoolExecutor | None = None  # one background thread, made at the first prefetch
         self.reserved: dict[Hashable, list[Hashable]] = {}  # request id -> the names prefetched for it
-        self._reserved: set[Hashable] = set()  # names held for a request, out of the policy's sight
+        self._reserved: dict[Hashable, Hashable] = {}  # name -> the request it is held for, out of the policy's sight
 
     def __len__(self) -> int:
         return len(self.entries)
@@ -201,8 +201,11 @@ class HostTier:
         if owner is None:
             self.policy.inserted(name)
         else:
-            self._reserved.add(name)
-            self.reserved.setdefault(owner, []).append(name)
+            self._reserve(name, owner)
+
+    def _reserve(self, name: Hashable, owner: Hashable) -> None:
+        self._reserved[name] = owner
+        self.reserved.setdefault(owner, []).append(name)
 
     def _resolve(self, e: Entry) -> Saved:
         """An entry's K/V, waiting for its prefetch if it is still being read."""
@@ -235,23 +238,21 @@ class HostTier:
         thread only reads (each block's slot is claimed first)."""
         if self.disk is None:
             return 0
-        budget, started = self.capacity_bytes, 0
+        reserved_bytes, started = sum(self.entries[n].nbytes for n in self._reserved), 0
         for name, ids in blocks:
             e = self.entries.get(name)
             if e is not None:  # here already: reserved too, so the reads that follow do not push it to disk
                 if e.token_ids == ids and name not in self._reserved:
                     self.policy.removed(name, False)
-                    self._reserved.add(name)
-                    self.reserved.setdefault(owner, []).append(name)
+                    self._reserve(name, owner)
+                    reserved_bytes += e.nbytes
                 continue
             if not self.disk.holds(name, ids):
                 continue
             nbytes = self.disk.entries[name].nbytes
-            if nbytes > budget:
-                break
-            budget -= nbytes
-            if sum(self.entries[n].nbytes for n in self._reserved) + nbytes > self.capacity_bytes:
+            if reserved_bytes + nbytes > self.capacity_bytes:
                 break  # the rest of the tier is reserved already
+            reserved_bytes += nbytes
             claimed = self.disk.claim(name, ids)  # first: the victims that make room go to the disk tier
             self._make_room(nbytes)
             if self._reader is None:
@@ -263,11 +264,11 @@ class HostTier:
         return started
 
     def release(self, owner: Hashable) -> None:
-        """`owner` was admitted (or ended): what was prefetched for it and not taken becomes an ordinary entry,
-        the policy's to drop."""
+        """`owner` was admitted (or ended): what was prefetched for it and not taken becomes an ordinary entry
+        (the policy's newest), the policy's to drop."""
         for name in self.reserved.pop(owner, ()):
-            if name in self._reserved:
-                self._reserved.discard(name)
+            if name in self._reserved and self._reserved[name] == owner:
+                del self._reserved[name]
                 self.policy.inserted(name)
 
     def _read(self, claimed) -> Saved:
@@ -317,7 +318,7 @@ class HostTier:
             return
         self.bytes_used -= e.nbytes
         if name in self._reserved:  # the policy never saw it; a hit still tells it the name came back
-            self._reserved.discard(name)
+            del self._reserved[name]
             if hit:
                 self.policy.removed(name, True)
         else:

@@ -102,6 +102,35 @@ def test_blocks_go_host_to_disk_and_back_into_the_cache_bit_for_bit(tiny64, tmp_
     assert not os.path.exists(disk.dir)
 
 
+def test_prefetch_reserves_its_blocks_until_release(tmp_path):
+    """Blocks prefetched for a request are held for it: blocks the device evicts meanwhile go past them to the
+    disk tier; after `release` they are ordinary entries, the policy's to drop; the books stay right."""
+    store = {b: _block(float(b)) for b in range(10)}
+    nbytes = sum(t.nbytes for t in store[0].values())
+    disk = DiskTier(1 << 20, tmp_path)
+    tier = HostTier(3 * nbytes, lambda b: {k: v.clone() for k, v in store[b].items()}, lambda b, s: None,
+                    LRUPolicy(), disk=disk)
+    for b in range(6):  # 0, 1, 2 go down to disk; 3, 4, 5 stay in host memory
+        tier.offload(b, b, (b,))
+    assert sorted(disk.entries) == [0, 1, 2] and sorted(tier.entries) == [3, 4, 5]
+    assert tier.prefetch([(0, (0,)), (1, (1,)), (2, (2,)), (9, (9,))], owner="r") == 3  # 9 is nowhere
+    tier.drain()
+    assert sorted(tier.reserved["r"]) == [0, 1, 2] and sorted(disk.entries) == [3, 4, 5]  # made room: 3-5 down
+    tier.offload(7, 7, (7,))  # only reserved entries to drop: 7 goes straight to disk
+    assert sorted(tier.entries) == [0, 1, 2] and 7 in disk
+    assert torch.equal(tier.take(0, (0,))["k"], store[0]["k"]) and tier.prefetch_hits == 1
+    tier.offload(8, 8, (8,))  # the room 0 left
+    tier.offload(6, 6, (6,))  # 8 is the only ordinary entry: it goes down, 1 and 2 stay
+    assert sorted(tier.entries) == [1, 2, 6] and 8 in disk
+    tier.release("r")
+    assert not tier.reserved and tier.books() == ""
+    tier.offload(3, 3, (3,))  # 1 and 2 joined the policy as its newest: 6 is the oldest, dropped to disk
+    tier.offload(4, 4, (4,))  # then 1
+    assert 6 in disk and 1 in disk and sorted(tier.entries) == [2, 3, 4] and tier.books() == ""
+    tier.close()
+    assert not os.path.exists(disk.dir)
+
+
 def _conversations():
     rng = random.Random(0)
     tokens = lambda n: [rng.randrange(1, 200) for _ in range(n)]  # noqa: E731

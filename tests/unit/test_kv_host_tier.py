@@ -266,13 +266,13 @@ def test_fuzz_host_and_disk_tiers_under_memory_pressure_keep_outputs_and_their_b
     or off, requests arriving together or a few steps apart, and sometimes one too big for the pool: every
     request finishes with the reference's greedy tokens or is rejected, every device block comes back, and each
     tier's books match its entries (bytes, the policy's names, the disk's slots; nothing still reserved)."""
-    from hypothesis import example, given
+    from hypothesis import example, given, settings
     from hypothesis import strategies as st
     from test_engine_properties import MAX_MODEL_LEN, SETTINGS, reference, tight_pool, workloads
 
     from lab_utils.kvstore.returning import leak_report
 
-    hits = {"host": 0, "disk": 0, "prefetch": 0, "rejected": 0}
+    hits = {"examples": 0, "host": 0, "disk": 0, "prefetch": 0, "rejected": 0}
     # whatever hypothesis draws, a workload whose shared prefix surely goes down to the disk tier and comes back
     system = list(range(1000, 1040))
     sure = ([system + [7, 8, 9], [50 + i for i in range(40)], [90 + i for i in range(41)], system + [10, 11],
@@ -280,7 +280,7 @@ def test_fuzz_host_and_disk_tiers_under_memory_pressure_keep_outputs_and_their_b
     sure_kw = dict(work=sure, mode="recompute", budget=40, slack=0, block_size=4, tier_blocks=1, policy="lru",
                    disk_blocks=64, apart=0, too_big=False)
 
-    @SETTINGS
+    @settings(SETTINGS, max_examples=24)
     @example(**{**sure_kw, "prefetch": False})
     @example(**{**sure_kw, "prefetch": True, "apart": 8, "mode": "swap", "tier_blocks": 4})
     @given(work=workloads(shared_prefix=True), mode=st.sampled_from(["recompute", "swap"]),
@@ -324,8 +324,10 @@ def test_fuzz_host_and_disk_tiers_under_memory_pressure_keep_outputs_and_their_b
         hits["disk"] += st_["disk_tier_hits"]
         hits["prefetch"] += st_["host_tier_prefetched"]
         hits["rejected"] += len(rejected)
+        hits["examples"] += 1
         eng.close()
         assert disk is None or not os.path.exists(disk.dir)
 
     prop()
+    print(f"\nover the examples: {hits}")
     assert hits["host"] > 0 and hits["disk"] > 0 and hits["prefetch"] > 0 and hits["rejected"] > 0, hits
