@@ -21,6 +21,7 @@ import shutil
 import tempfile
 import threading
 import time
+import weakref
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Hashable
@@ -80,7 +81,9 @@ class DiskTier:
             os.makedirs(root, exist_ok=True)
         self.dir = tempfile.mkdtemp(prefix="lab-kv-disk-", dir=root)
         self.path = os.path.join(self.dir, "blocks.bin")
-        self.fd: int | None = None
+        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+        # the file and its directory go at `close`, when the tier is collected, or at exit, whichever is first
+        self._cleanup = weakref.finalize(self, _remove_files, self.fd, self.dir)
         self.layout: Layout | None = None  # learnt from the first block: every block of an engine has the same
         self.num_slots = 0
         self.free_slots: list[int] = []
@@ -176,7 +179,6 @@ class DiskTier:
         self.layout = layout
         self.num_slots = self.capacity_bytes // layout.slot_bytes
         self.free_slots = list(range(self.num_slots - 1, -1, -1))
-        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
         os.ftruncate(self.fd, self.num_slots * layout.slot_bytes)  # sparse: disk is used as slots are written
 
     def books(self) -> str:
@@ -197,16 +199,7 @@ class DiskTier:
             return
         self.closed = True
         self.entries.clear()
-        if self.fd is not None:
-            os.close(self.fd)
-            self.fd = None
-        shutil.rmtree(self.dir, ignore_errors=True)
-
-    def __del__(self) -> None:
-        try:
-            self.close()
-        except Exception:  # interpreter shutdown: os or shutil may be gone
-            pass
+        self._cleanup()
 
     def stats(self) -> dict:
         return {"disk_tier_hits": self.hits, "disk_tier_blocks_out": self.blocks_out,
@@ -215,6 +208,11 @@ class DiskTier:
                 "disk_tier_bytes": self.bytes_used, "disk_tier_capacity_bytes": self.capacity_bytes,
                 "disk_tier_dropped": self.dropped, "disk_tier_write_seconds": self.write_seconds,
                 "disk_tier_read_seconds": self.read_seconds}
+
+
+def _remove_files(fd: int, directory: str) -> None:
+    os.close(fd)
+    shutil.rmtree(directory, ignore_errors=True)
 
 
 STATS_WHEN_OFF = {"disk_tier_hits": 0, "disk_tier_blocks_out": 0, "disk_tier_bytes_written": 0,
