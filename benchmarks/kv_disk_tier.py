@@ -17,6 +17,10 @@ token. Configurations (each round runs them all, in a rotated order; the machine
 - `disk+prefetch`: the same, with the prefetch: A's disk blocks are read into the host tier while the other
   request runs, so they are host hits at admission.
 
+`--disk-mb-per-s` makes each disk read last as long as it would at that bandwidth (a sleep after the read, so
+the prefetch thread overlaps it with the steps as a real device's wait would): the tier's file was just written
+and sits in the page cache, so without it a "disk" read here is a memory copy.
+
 Reported per configuration: the median admit-to-first-token time, where A's prefix blocks came from (host hits,
 of them prefetched, disk hits), the disk tier's read seconds, and whether A's tokens equal recompute's.
 Writes benchmarks/results/kv_disk_tier-<date>.json.
@@ -38,6 +42,7 @@ sys.path.insert(0, str(ROOT))
 from bench_common import machine
 
 from lab_utils import EngineConfig, LLMEngine, SamplingParams, load_model
+from lab_utils.engine.disk_tier import DiskTier
 
 CONFIGS = ("recompute", "host", "disk", "disk+prefetch")
 
@@ -91,8 +96,23 @@ def main() -> None:
     ap.add_argument("--gap-steps", type=int, default=8)
     ap.add_argument("--max-tokens", type=int, default=4)
     ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--disk-mb-per-s", type=float, default=None,
+                    help="make each disk read as slow as this bandwidth (default: as fast as the page cache)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
+    if args.disk_mb_per_s:
+        read = DiskTier.read_claimed
+
+        def slow_read(self, entry):
+            t0 = time.perf_counter()
+            saved = read(self, entry)
+            extra = max(0.0, entry.nbytes / (args.disk_mb_per_s * 1e6) - (time.perf_counter() - t0))
+            time.sleep(extra)
+            with self._lock:
+                self.read_seconds += extra
+            return saved
+
+        DiskTier.read_claimed = slow_read
     model = load_model(args.model, device="cpu")
     first, others, message = workload(args.prompt_tokens)
     prompt_blocks = args.prompt_tokens // args.block_size
