@@ -5,10 +5,10 @@ On a CPU the device and the host are the same memory: a copy is a plain synchron
 On CUDA the host tier's copies live in pinned (page-locked) memory, so the card's copy engine can move them
 without the CPU. A block going out (the device is about to reuse it) is copied synchronously: its bytes must
 be out before new tokens overwrite it. A block coming back is copied on a side stream with `non_blocking=True`
-and an event recorded after it; the engine's thread goes on (the rest of the scheduling, the batch's inputs)
-while the copy runs, and `wait()`, called before the forward, makes the compute stream wait on those events:
-the device waits, not the host. `copy_out` also waits first, so a block copied in can never be read before it
-has arrived.
+(after the compute stream's work so far: the block's old contents may still be read there) and an event is
+recorded after it, on which the compute stream waits at once: the device waits, not the host. The engine's
+thread goes on (the rest of the prefix walk, the scheduling, the batch's inputs) while the copies run, and
+whatever the compute stream does next (the forward, a swap's copy out, a block's copy out) comes after them.
 """
 from __future__ import annotations
 
@@ -20,14 +20,13 @@ Saved = dict[str, torch.Tensor]
 
 
 class BlockCopies:
-    """`copy_out(block_id) -> Saved`, `copy_in(block_id, saved)` and `wait()` over one `KVCache`."""
+    """`copy_out(block_id) -> Saved` and `copy_in(block_id, saved)` over one `KVCache`."""
 
     def __init__(self, kv_cache: KVCache) -> None:
         self.kv = kv_cache
         self.device = kv_cache.k.device
         self.cuda = self.device.type == "cuda"
         self.stream = torch.cuda.Stream(self.device) if self.cuda else None
-        self.pending: list[torch.cuda.Event] = []  # copies in whose arrival the compute stream has not awaited
         self.async_copies_in = 0
 
     def _names(self) -> list[str]:
@@ -36,7 +35,6 @@ class BlockCopies:
     def copy_out(self, block_id: int) -> Saved:
         if not self.cuda:
             return self.kv.copy_out([block_id])
-        self.wait()
         s = self.kv._slots_of([block_id])
         saved = {}
         for name in self._names():
@@ -57,16 +55,8 @@ class BlockCopies:
                 self.kv._raw(getattr(self.kv, name))[:, s] = t.to(self.device, non_blocking=True)
             done = torch.cuda.Event()
             done.record(self.stream)
-        self.pending.append(done)
+        compute.wait_event(done)  # a device-side wait: the host goes on
         self.async_copies_in += 1
-
-    def wait(self) -> None:
-        """Make the compute stream wait for every copy in so far (a device-side wait: the host goes on)."""
-        if self.pending:
-            compute = torch.cuda.current_stream(self.device)
-            for done in self.pending:
-                compute.wait_event(done)
-            self.pending.clear()
 
     @staticmethod
     def pin(t: torch.Tensor) -> torch.Tensor:

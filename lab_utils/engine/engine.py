@@ -353,12 +353,10 @@ class LLMEngine:
         self._check_open()
         outputs = self.take_pending_outputs()  # aborts and rejections since the last step
         sched = self.scheduler.schedule()
-        if self.block_copies is not None:
-            self.block_copies.wait()  # the blocks the prefix cache copied in (CUDA: asynchronously) arrive first
-            tier = self.block_manager.host_tier
-            if isinstance(tier, HostTier) and tier.reserved:  # admitted: their prefetched blocks are ordinary now
-                for req, _ in sched.scheduled:
-                    tier.release(req.request_id)
+        tier = self.block_manager.host_tier
+        if isinstance(tier, HostTier) and tier.reserved:  # admitted: their prefetched blocks are ordinary now
+            for req, _ in sched.scheduled:
+                tier.release(req.request_id)
         if not sched.scheduled:
             self._check_progress()
             return outputs

@@ -252,8 +252,8 @@ def test_config_and_cli():
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_cuda_copies_are_pinned_and_asynchronous():
-    """On CUDA: the host tier's entries are in pinned memory, blocks come back on the side stream (the forward
-    waits on their events), and the tokens equal those without the tiers."""
+    """On CUDA: the host tier's entries are in pinned memory, blocks come back on the side stream (the compute
+    stream waits on their events), and the tokens equal those without the tiers."""
     from lab_utils import load_model
 
     model = load_model("tiny-random", device="cuda", dtype=torch.float32)
