@@ -40,6 +40,8 @@ class BlockManager(HashChainPrefixCache, BlockPool):
         if req.block_table:
             return 0
         hits = self.match_prefix(req)
+        if getattr(self.host_tier, "reserved", None):  # blocks prefetched for it (host_tier.py) are ordinary now
+            self.host_tier.release(req.request_id)
         self.prefix_queries += req.num_prompt_tokens
         for bid in hits:
             self.blocks[bid].ref_count += 1

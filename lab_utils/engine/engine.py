@@ -353,10 +353,6 @@ class LLMEngine:
         self._check_open()
         outputs = self.take_pending_outputs()  # aborts and rejections since the last step
         sched = self.scheduler.schedule()
-        tier = self.block_manager.host_tier
-        if isinstance(tier, HostTier) and tier.reserved:  # admitted: their prefetched blocks are ordinary now
-            for req, _ in sched.scheduled:
-                tier.release(req.request_id)
         if not sched.scheduled:
             self._check_progress()
             return outputs
