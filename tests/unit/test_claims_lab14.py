@@ -21,9 +21,9 @@ BS = 8
 PARAMS = SamplingParams(max_tokens=4, ignore_eos=True)
 
 
-def _trace() -> list[returning.TraceTurn]:
+def _trace(seed: int = 0, prefix: str = "") -> list[returning.TraceTurn]:
     """3 conversations of 3 turns: a shared system prompt, then each turn adds a reply and a message."""
-    rng = random.Random(0)
+    rng = random.Random(seed)
     toks = lambda n: [rng.randrange(1, 200) for _ in range(n)]  # noqa: E731
     system, prompts = toks(16), []
     for _ in range(3):
@@ -33,7 +33,7 @@ def _trace() -> list[returning.TraceTurn]:
             turns.append(tuple(history + ask))
             history = history + ask + toks(20)
         prompts.append(turns)
-    return returning.round_robin(["a", "b", "c"], prompts)
+    return returning.round_robin([f"{prefix}a", f"{prefix}b", f"{prefix}c"], prompts)
 
 
 def _run(model, tier_blocks: int | None, corrupt: bool = False, leak: bool = False) -> tuple[list, str, dict]:
@@ -64,17 +64,7 @@ STORE_CFG = EngineConfig(num_gpu_blocks=64, block_size=BS, enable_prefix_caching
 
 
 def _store_trace(seed: int) -> list[returning.TraceTurn]:
-    rng = random.Random(seed)
-    toks = lambda n: [rng.randrange(1, 200) for _ in range(n)]  # noqa: E731
-    system, prompts = toks(16), []
-    for _ in range(3):
-        history, turns = system + toks(40), []
-        for _ in range(3):
-            ask = toks(6)
-            turns.append(tuple(history + ask))
-            history = history + ask + toks(20)
-        prompts.append(turns)
-    return returning.round_robin([f"{seed}a", f"{seed}b", f"{seed}c"], prompts)
+    return _trace(seed, prefix=str(seed))
 
 
 def _poison(pool, trace, tiny64) -> int:
