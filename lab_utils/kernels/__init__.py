@@ -1,0 +1,1 @@
+"""Device kernels the course writes by hand (lab 16): paged decode attention in Triton."""

