@@ -162,6 +162,15 @@ PARTS: dict[str, Part] = {p.name: p for p in [
     Part("efficiency.route", "15", "(task, small_scores, threshold) -> str",
          "'small' when the small model's confidence in its pick (softmax over its option scores) >= threshold",
          ref="lab_utils.efficiency.routing:route"),
+    # lab 16: the decode attention kernel (Triton; saved with its kernels by lab_utils.kernels.learner_kernel)
+    Part("kernel.paged_decode", "16",
+         "(q, k_cache, v_cache, block_tables, context_lens, block_size, scale) -> Tensor",
+         "decode attention through the block tables in place: online softmax, each query head on its KV head, the "
+         "last block masked", ref="lab_utils.kernels.paged_decode_triton:paged_decode"),
+    Part("kernel.paged_decode_split", "16",
+         "(q, k_cache, v_cache, block_tables, context_lens, block_size, scale, num_splits) -> Tensor",
+         "split-KV: num_splits programs per head over slices of the context, combined by their log-sum-exps",
+         ref="lab_utils.kernels.paged_decode_triton:paged_decode_split"),
 ]}
 
 
@@ -266,5 +275,3 @@ class EngineParts:
 
     def __repr__(self) -> str:
         return f"EngineParts({sorted(self.overrides)})"
-
-
