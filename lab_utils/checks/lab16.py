@@ -220,6 +220,50 @@ def _save(name: str, launcher: Callable, kernel, helper=None) -> None:
                         tuple(h for h in (helper,) if h is not None))
 
 
+# --- the engine with the kernel -----------------------------------------------------------------------------
+def engine_run(model, parts=None, use_kernel: bool = True, prompts=None, max_tokens: int = 6,
+               block_size: int = 4) -> dict:
+    """One greedy float32 run of the engine as of lab 04 (its decode steps through `parts`' kernel.paged_decode,
+    the reference Triton kernel where `parts` has none; `use_kernel=False`: the engine's own attention):
+    {tokens, logprobs, kernel_steps, seconds}."""
+    import time
+
+    from lab_utils.course import learner_parts
+    from lab_utils.engine.engine import LLMEngine
+    from lab_utils.engine.sampling_params import SamplingParams
+    from lab_utils.kernels.engine_attention import run_kernel_in
+
+    prompts = prompts or [[1, 2, 3, 4, 5, 6, 7], list(range(20, 38)), [42] * 5]
+    engine = LLMEngine(model, learner_parts.engine_config("04", block_size=block_size, num_gpu_blocks=64),
+                       dtype=torch.float32, parts=parts)
+    paths = run_kernel_in(engine) if use_kernel else None
+    t0 = time.perf_counter()
+    outs = engine.generate(prompts, SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True,
+                                                   logprobs=0), use_tqdm=False)
+    return {"tokens": [o.token_ids for o in outs], "seconds": time.perf_counter() - t0,
+            "logprobs": [[lp.logprob for lp in o.logprobs] for o in outs],
+            "kernel_steps": paths.kernel_steps if paths else 0}
+
+
+def check_kernel_in_engine(model, parts=None, **kw) -> dict:
+    """The engine with the kernel against the engine without it on the same prompts: identical greedy tokens,
+    logprobs within 1e-4 (float32), and the kernel took the decode steps. Returns both runs."""
+    ref = engine_run(model, None, use_kernel=False, **kw)
+    you = engine_run(model, parts, use_kernel=True, **kw)
+    if you["kernel_steps"] == 0:
+        raise AssertionError("the engine never called the decode kernel: no decode-only step ran")
+    if you["tokens"] != ref["tokens"]:
+        raise AssertionError(f"kernel.paged_decode ({PART_FILE}) in the engine: greedy tokens {you['tokens']} but "
+                             f"the reference engine gives {ref['tokens']}")
+    worst = max(abs(a - b) for x, y in zip(you["logprobs"], ref["logprobs"]) for a, b in zip(x, y))
+    if worst > 1e-4:
+        raise AssertionError(f"kernel.paged_decode ({PART_FILE}) in the engine: token logprobs differ from the "
+                             f"reference engine's by up to {worst:.3g} (float32 allows 1e-4)")
+    print(f"check_kernel_in_engine passed: {sum(map(len, you['tokens']))} tokens equal to the reference engine's, "
+          f"{you['kernel_steps']} decode steps through the kernel, logprobs within {worst:.1g}")
+    return {"reference": ref, "kernel": you, "logprob_diff": worst}
+
+
 # --- the lab's claims ---------------------------------------------------------------------------------------
 def claims(r: dict) -> list[Claim]:
     """Lab 16's claims from the run's measurements `r` (built in the claims cell).

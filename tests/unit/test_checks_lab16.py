@@ -137,3 +137,34 @@ def test_without_triton_the_check_says_skipped(monkeypatch, capsys):
     monkeypatch.setattr(triton_env, "load", lambda: (None, triton_env.SKIP + " (test)"))
     assert lab16.check_paged_decode(loop_kernel()) is False
     assert "skipped: needs triton" in capsys.readouterr().out
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    from lab_utils.models.loader import build_random
+    from lab_utils.models.registry import REGISTRY
+
+    return build_random(REGISTRY["tiny-random"].config, seed=0).eval()
+
+
+def test_engine_with_a_kernel_gives_the_reference_tokens(tiny):
+    from lab_utils.course.parts import EngineParts
+
+    run = lab16.check_kernel_in_engine(tiny, EngineParts({"kernel.paged_decode": loop_kernel()}), max_tokens=4)
+    assert run["kernel"]["kernel_steps"] == 3 and run["kernel"]["tokens"] == run["reference"]["tokens"]
+
+
+def test_engine_check_rejects_a_kernel_that_breaks_the_tokens(tiny):
+    from lab_utils.course.parts import EngineParts
+
+    def zeros(q, k_cache, v_cache, block_tables, context_lens, block_size, scale):
+        return torch.zeros_like(q) + 5.0
+
+    with pytest.raises(AssertionError, match="kernel.paged_decode"):
+        lab16.check_kernel_in_engine(tiny, EngineParts({"kernel.paged_decode": zeros}), max_tokens=4)
+
+
+@needs_triton
+def test_engine_runs_the_reference_triton_kernel(tiny):
+    run = lab16.check_kernel_in_engine(tiny, None, max_tokens=3)
+    assert run["kernel"]["kernel_steps"] == 2
