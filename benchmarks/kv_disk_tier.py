@@ -42,7 +42,7 @@ sys.path.insert(0, str(ROOT))
 from bench_common import machine
 
 from lab_utils import EngineConfig, LLMEngine, SamplingParams, load_model
-from lab_utils.engine.disk_tier import DiskTier
+from lab_utils.engine.kv.disk_tier import DiskTier
 
 CONFIGS = ("recompute", "host", "disk", "disk+prefetch")
 

@@ -356,7 +356,7 @@ def stage_kv_sizing(a, size, rec) -> dict | None:
     import torch
 
     from lab_utils import EngineConfig, LLMEngine, SamplingParams
-    from lab_utils.engine.kv_budget import measure
+    from lab_utils.engine.kv.kv_budget import measure
     from lab_utils.models.loader import load_model
 
     dev = _device(a.device)
@@ -402,7 +402,7 @@ def stage_bandwidth(a, size, rec) -> None:
     engine step (host work included) and, on CUDA, the graph replay alone (CUDA events)."""
     from lab_utils import EngineConfig, LLMEngine
     from lab_utils.device import resolve_dtype
-    from lab_utils.engine.kv_budget import model_bytes
+    from lab_utils.engine.kv.kv_budget import model_bytes
     from lab_utils.models.loader import load_model
 
     dev = _device(a.device)

@@ -74,7 +74,7 @@ def check_allocator(grow: Callable, release: Callable, cases: int = 200) -> None
 def _full_pool(preemption_mode: str = "recompute"):
     """Three requests decoding in a full 6-block pool (block size 4): the oldest holds 2 blocks, the two newer 2
     each; the oldest now needs 3 more blocks, so one victim is not enough."""
-    from lab_utils.engine.block_manager import BlockManager
+    from lab_utils.engine.kv.block_manager import BlockManager
     from lab_utils.engine.config import EngineConfig
     from lab_utils.engine.request import Request, Status
     from lab_utils.engine.sampling_params import SamplingParams

@@ -13,7 +13,7 @@ from typing import Callable
 
 from lab_utils.checks import parts_check
 from lab_utils.checks.claims import Claim
-from lab_utils.engine.block_manager import BlockManager
+from lab_utils.engine.kv.block_manager import BlockManager
 from lab_utils.engine.config import EngineConfig
 from lab_utils.course.parts import check_signature
 from lab_utils.engine.request import Request, Status

@@ -292,7 +292,7 @@ def _kv_values(gen: torch.Generator) -> torch.Tensor:
 def check_fp8_kv(encode_fn: Callable, decode_fn: Callable, seed: int | None = None) -> None:
     """`encode_fn(x) -> uint8` (FP8 E4M3 bit patterns of x, saturating at ±448), `decode_fn(bits, dtype) -> values`
     in `dtype`: the KV cache's write and read when `kv_cache_dtype="fp8"`."""
-    from lab_utils.engine.kv_cache import fp8_decode, fp8_encode
+    from lab_utils.engine.kv.kv_cache import fp8_decode, fp8_encode
 
     gen = torch.Generator().manual_seed(seed if seed is not None else int(torch.randint(0, 2**31, ()).item()))
     for trial in range(3):

@@ -21,8 +21,8 @@ import torch
 from lab_utils.checks.claims import Claim, need, parts_called, report
 from lab_utils.checks.timing import judge, judge_error
 from lab_utils.course.parts import LearnerPartError, check_signature
-from lab_utils.engine.block_manager import BlockManager
-from lab_utils.engine.host_tier import Entry, HostTier, LRUPolicy, TwoQueuePolicy
+from lab_utils.engine.kv.block_manager import BlockManager
+from lab_utils.engine.kv.host_tier import Entry, HostTier, LRUPolicy, TwoQueuePolicy
 
 PART = "block_manager.promote"
 

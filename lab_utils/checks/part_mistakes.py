@@ -11,7 +11,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from lab_utils.checks.part_calls import Call, result_view
-from lab_utils.engine.block_manager import BlockManager
+from lab_utils.engine.kv.block_manager import BlockManager
 from lab_utils.engine.scheduler import Scheduler, SchedulerOutput
 
 

@@ -12,7 +12,7 @@ import random
 from dataclasses import dataclass
 
 from lab_utils.course.parts import PARTS
-from lab_utils.engine.block_manager import BlockManager
+from lab_utils.engine.kv.block_manager import BlockManager
 from lab_utils.engine.config import EngineConfig
 from lab_utils.engine.request import Request, Status
 from lab_utils.engine.sampling_params import SamplingParams

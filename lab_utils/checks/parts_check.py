@@ -31,7 +31,7 @@ from lab_utils.checks.part_calls import Call, result_view
 from lab_utils.checks.part_mistakes import MISTAKES, Diagnoser, Evidence, diagnose
 from lab_utils.checks.part_states import first_difference, full_decode_pool, random_state, settings, snapshot
 from lab_utils.course.parts import PARTS, EngineParts, LearnerPartError, check_signature
-from lab_utils.engine.block_manager import BlockManager
+from lab_utils.engine.kv.block_manager import BlockManager
 from lab_utils.engine.request import Request
 from lab_utils.engine.sampling_params import SamplingParams
 from lab_utils.engine.scheduler import Scheduler, SchedulerOutput

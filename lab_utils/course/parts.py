@@ -43,7 +43,7 @@ class Part:
         import importlib
 
         path = self.ref or {"scheduler": "lab_utils.engine.scheduler:Scheduler",
-                            "block_manager": "lab_utils.engine.block_manager:BlockManager",
+                            "block_manager": "lab_utils.engine.kv.block_manager:BlockManager",
                             "attention": "lab_utils.engine.attention"}[self.component]
         module, _, qual = path.partition(":")
         obj = importlib.import_module(module)
@@ -109,10 +109,10 @@ PARTS: dict[str, Part] = {p.name: p for p in [
          ref="lab_utils.quant.linear:dequantize_int4"),
     Part("kv_cache.fp8_encode", "05", "(x) -> Tensor",
          "K or V to FP8 E4M3 bytes: saturate at ±448, round to E4M3, the bit patterns as uint8",
-         ref="lab_utils.engine.kv_cache:fp8_encode"),
+         ref="lab_utils.engine.kv.kv_cache:fp8_encode"),
     Part("kv_cache.fp8_decode", "05", "(bits, dtype) -> Tensor",
          "FP8 E4M3 bytes back to values: sign, exponent (bias 7), mantissa, subnormals; in `dtype`",
-         ref="lab_utils.engine.kv_cache:fp8_decode"),
+         ref="lab_utils.engine.kv.kv_cache:fp8_decode"),
     # lab 07: speculative decoding: the verify step
     Part("spec.residual", "07", "(p, q) -> Tensor",
          "where to draw after a rejection: max(0, p - q) normalised (p itself when p == q)",

@@ -26,7 +26,7 @@ import torch
 
 from lab_utils.device import now
 from lab_utils.disagg.transfer import KVReceiver, KVSender, TransferRecord
-from lab_utils.engine.paging import slot
+from lab_utils.engine.kv.paging import slot
 from lab_utils.engine.request import Request, Status
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16, "float16": torch.float16}

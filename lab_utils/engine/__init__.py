@@ -6,9 +6,11 @@ The teaching core, one idea a file:
 - `request.py` (a request's state), `sampling_params.py`, `config.py` (EngineConfig, vLLM's names);
 - `scheduler.py` (the queues, admission and preemption every policy shares) and its policies in
   `scheduling/` (`static.py`, `continuous.py`: lab 01, `chunked_prefill.py`: the token budget, lab 03);
-- `paging.py` (the block pool and its reference counts, the slot of a token, KV bytes per token: lab 02),
-  `prefix_cache.py` (hash-chain and no-cache: lab 04), `block_manager.py` (the two together, and admission),
-  `kv_cache.py` (where K/V live), `kv_budget.py` (how big the pool is);
+- `kv/`: the KV hierarchy, its map in `kv/__init__.py`: `paging.py` (the block pool and its reference counts,
+  the slot of a token, KV bytes per token: lab 02), `prefix_cache.py` (the hash chain: lab 04),
+  `block_manager.py` (the two together, and admission), `kv_cache.py` (where K/V live), `kv_budget.py` (how big
+  the pool is), `host_tier.py` and `disk_tier.py` (the tiers under the device pool), `block_copies.py`,
+  `memory.py` (KV accounting for the labs' figures);
 - `attention.py` (paged attention and the slot mapping), `model_runner.py` (a step as one forward pass),
   `sampler.py` (sampling and the logit processors), `logprobs.py` (token and prompt logprobs), `engine.py`
   (LLMEngine);
@@ -16,7 +18,6 @@ The teaching core, one idea a file:
   hooks an engine's config asks for: speculative decoding, `lab_utils.speculative`; structured output,
   `lab_utils.structured`);
 - `replaceable.py`: the seam through which the labs' exercises replace named parts of the above;
-- `memory.py`: KV accounting for the labs' figures.
 Everything that only makes the same steps faster (CPU kernels, packed and fused linears, FlexAttention, CUDA
 graphs) lives in `accel/`, behind one import.
 """

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from lab_utils.engine.kv_cache import KVCache
-from lab_utils.engine.paging import slot
+from lab_utils.engine.kv.kv_cache import KVCache
+from lab_utils.engine.kv.paging import slot
 
 
 def slot_mapping(block_tables: list[list[int]], context_lens: list[int], query_lens: list[int],

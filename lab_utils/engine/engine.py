@@ -15,18 +15,18 @@ from typing import Iterable, Sequence
 import torch
 
 from lab_utils.device import now, resolve_device
-from lab_utils.engine.block_manager import BlockManager
+from lab_utils.engine.kv.block_manager import BlockManager
 from lab_utils.engine.config import EngineConfig
 from lab_utils.engine.features import STATS_WHEN_OFF, build_hooks
 from lab_utils.engine.hooks import StepBatch
-from lab_utils.engine.block_copies import BlockCopies
-from lab_utils.engine.disk_tier import DiskTier
-from lab_utils.engine.host_tier import POLICIES, STATS_WHEN_OFF as HOST_TIER_STATS_WHEN_OFF, HostTier
+from lab_utils.engine.kv.block_copies import BlockCopies
+from lab_utils.engine.kv.disk_tier import DiskTier
+from lab_utils.engine.kv.host_tier import POLICIES, STATS_WHEN_OFF as HOST_TIER_STATS_WHEN_OFF, HostTier
 from lab_utils.engine.accel import FastPaths, fast_linears, warmup_shapes
-from lab_utils.engine.kv_cache import KVCache, fp8_decode, fp8_encode, storage_dtype
+from lab_utils.engine.kv.kv_cache import KVCache, fp8_decode, fp8_encode, storage_dtype
 from lab_utils.engine.model_runner import ModelRunner
 from lab_utils.engine.replaceable import REFERENCE, Parts
-from lab_utils.engine.paging import bytes_per_token
+from lab_utils.engine.kv.paging import bytes_per_token
 from lab_utils.engine.request import Request, RequestOutput, Status
 from lab_utils.engine.logprobs import record_prompt_logprobs, sampled_logprobs
 from lab_utils.engine.sampler import apply_logit_processors, sample
@@ -167,7 +167,7 @@ class LLMEngine:
         budget = cfg.kv_cache_memory_bytes
         if budget is None:
             if self.device.type == "cuda":  # vLLM's meaning: a share of the card for weights + activations + KV
-                from lab_utils.engine.kv_budget import kv_cache_budget, measure
+                from lab_utils.engine.kv.kv_budget import kv_cache_budget, measure
 
                 tokens = min(cfg.max_num_batched_tokens, self.max_model_len)
                 budget = kv_cache_budget(measure(self.model, self.device, tokens, min(cfg.max_num_seqs, tokens)),

@@ -11,7 +11,7 @@ import torch
 
 from lab_utils.engine.accel import FastPaths, warm_up
 from lab_utils.engine.attention import AttentionMetadata, PagedAttention
-from lab_utils.engine.kv_cache import KVCache
+from lab_utils.engine.kv.kv_cache import KVCache
 from lab_utils.engine.request import Request
 
 

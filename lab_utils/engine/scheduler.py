@@ -21,7 +21,7 @@ from collections import deque
 from typing import Callable
 
 from lab_utils.engine.replaceable import LearnerPartError
-from lab_utils.engine.block_manager import BlockManager
+from lab_utils.engine.kv.block_manager import BlockManager
 from lab_utils.engine.config import EngineConfig
 from lab_utils.engine.request import Request, Status
 from lab_utils.engine.scheduling import chunked_prefill, continuous, static

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from lab_utils.engine.host_tier import HostTier
+from lab_utils.engine.kv.host_tier import HostTier
 
 SYSTEM = "You are a helpful assistant. Answer the user's question in a few sentences."
 

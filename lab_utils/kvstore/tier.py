@@ -23,7 +23,7 @@ from typing import Hashable
 import torch
 
 from lab_utils.engine.hooks import StepHook
-from lab_utils.engine.host_tier import Saved
+from lab_utils.engine.kv.host_tier import Saved
 from lab_utils.kvstore.store import KVStoreClient, Payload
 
 

@@ -60,7 +60,7 @@ class ModelSpec:
         byte a value is FP8, which has no scales)."""
         import torch
 
-        from lab_utils.engine.paging import bytes_per_token
+        from lab_utils.engine.kv.paging import bytes_per_token
 
         store = {4: torch.float32, 2: torch.float16, 1: torch.float8_e4m3fn}[self.kv_dtype_bytes or self.dtype_bytes]
         return bytes_per_token(self.num_layers, self.num_kv_heads, self.head_dim, store)

@@ -23,7 +23,7 @@ import numpy as np
 
 from lab_utils.bench import metrics
 from lab_utils.bench.workload import arrival_times, sample_lengths
-from lab_utils.engine.block_manager import BlockManager
+from lab_utils.engine.kv.block_manager import BlockManager
 from lab_utils.engine.config import EngineConfig
 from lab_utils.engine.request import Request, Status
 from lab_utils.engine.sampling_params import SamplingParams

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 import torch
 
 from lab_utils.engine.hooks import StepBatch, StepHook
-from lab_utils.engine.paging import slot
+from lab_utils.engine.kv.paging import slot
 from lab_utils.engine.request import Request
 from lab_utils.engine.sampler import apply_top_k_top_p, sample
 from lab_utils.speculative import make_proposer

@@ -119,7 +119,7 @@ def test_timed_steps_must_hold_the_whole_batch_and_fast_path_fallbacks_fail(monk
 
 
 def test_kv_sizing_reads_the_share_the_engines_error_advises():
-    from lab_utils.engine.kv_budget import GiB, DeviceMemory, kv_cache_budget
+    from lab_utils.engine.kv.kv_budget import GiB, DeviceMemory, kv_cache_budget
 
     gc = _gpu_check()
     # an H200 with a first engine at 0.6 of it: 55 GiB free for a second one that asks for 0.6 again

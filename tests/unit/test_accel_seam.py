@@ -15,7 +15,7 @@ from lab_utils.engine.accel.flex_attention import flex_available
 from lab_utils.engine.accel.split_attention import SplitPagedAttention
 from lab_utils.engine.attention import PagedAttention
 from lab_utils.engine.config import CPU_SWITCH_ENV
-from lab_utils.engine.kv_cache import KVCache
+from lab_utils.engine.kv.kv_cache import KVCache
 from lab_utils.models.llama import LlamaForCausalLM
 from lab_utils.models.loader import load_model
 

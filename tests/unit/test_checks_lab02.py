@@ -73,7 +73,7 @@ def learner_dir(tmp_path, monkeypatch):
 
 
 def test_check_allocator_rejects_wrong_parts(learner_dir):
-    from lab_utils.engine.block_manager import BlockManager
+    from lab_utils.engine.kv.block_manager import BlockManager
 
     with pytest.raises(AssertionError, match="block_manager.grow"):
         lab02.check_allocator(_grow_no_check, BlockManager.release)

@@ -5,7 +5,7 @@ import pytest
 
 from lab_utils.course import learner_parts
 from lab_utils.checks import lab04
-from lab_utils.engine.block_manager import BlockManager
+from lab_utils.engine.kv.block_manager import BlockManager
 
 
 # correct versions, written independently of the engine's
@@ -159,7 +159,7 @@ def _commits_partial(self, req):
 
 
 def test_check_commit_full_blocks_rejects_a_partial_block_and_accepts_the_reference(tmp_path, monkeypatch):
-    from lab_utils.engine.block_manager import BlockManager
+    from lab_utils.engine.kv.block_manager import BlockManager
 
     monkeypatch.setenv("LAB_LEARNER_DIR", str(tmp_path))
     with pytest.raises(AssertionError, match="only blocks whose tokens are all computed"):

@@ -8,7 +8,7 @@ import torch
 
 from lab_utils.course import learner_parts
 from lab_utils.checks import lab05
-from lab_utils.engine.kv_cache import fp8_decode, fp8_encode
+from lab_utils.engine.kv.kv_cache import fp8_decode, fp8_encode
 from lab_utils.course.parts import EngineParts
 from lab_utils.quant.formats import FP8_E4M3
 from lab_utils.quant.linear import (

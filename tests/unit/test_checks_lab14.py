@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from lab_utils.checks import lab14
-from lab_utils.engine.block_manager import BlockManager
+from lab_utils.engine.kv.block_manager import BlockManager
 
 
 def correct(self, name, ids, hits):

@@ -13,7 +13,7 @@ from lab_utils.engine.attention import (
 from lab_utils.engine.accel.cpu_attention import MAX_KERNEL_QUERIES, CpuDecodeAttention
 from lab_utils.engine.accel.cpu_kernels import cpu_kernels, cpu_kernels_status
 from lab_utils.checks.teacher_forced import assert_same_up_to_rounding
-from lab_utils.engine.kv_cache import KVCache
+from lab_utils.engine.kv.kv_cache import KVCache
 
 # No compiler here means the engine runs the PyTorch path (tested everywhere else); these tests then have
 # nothing to test, and say so rather than pass.

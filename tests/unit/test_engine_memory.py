@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from lab_utils import EngineConfig, LLMEngine
-from lab_utils.engine.kv_budget import GiB, DeviceMemory, kv_cache_budget, model_bytes
+from lab_utils.engine.kv.kv_budget import GiB, DeviceMemory, kv_cache_budget, model_bytes
 from lab_utils.models.loader import load_model
 
 H200 = 139 * GiB
@@ -57,7 +57,7 @@ def test_a_share_smaller_than_the_weights_is_a_clear_error():
 
 def test_engine_on_cuda_sizes_the_pool_from_total_memory(monkeypatch):
     """The engine's CUDA branch, with the card's numbers mocked (an H200 with a 1 GiB-used neighbour)."""
-    import lab_utils.engine.kv_budget as kb
+    import lab_utils.engine.kv.kv_budget as kb
 
     model, tok = load_model("tiny-random", device="cpu", dtype=torch.float32)
     mem = DeviceMemory(total=H200, free=H200 - GiB, weights=model_bytes(model), activations=1 << 20)

@@ -29,7 +29,7 @@ from lab_utils.engine.accel.flex_attention import (
     flex_available,
     select_attention_backend,
 )
-from lab_utils.engine.kv_cache import KVCache
+from lab_utils.engine.kv.kv_cache import KVCache
 
 needs_flex = pytest.mark.skipif(not flex_available(), reason="needs torch >= 2.5 (flex_attention)")
 # uncompiled flex (the CPU path) warns that it is unfused: expected here

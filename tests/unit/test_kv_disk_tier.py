@@ -1,4 +1,4 @@
-"""The disk tier under the host tier (`EngineConfig.kv_offload_disk_bytes`, `lab_utils.engine.disk_tier`), the
+"""The disk tier under the host tier (`EngineConfig.kv_offload_disk_bytes`, `lab_utils.engine.kv.disk_tier`), the
 prefetch that reads a new request's disk blocks into the host tier before its admission, and the CUDA path of
 the host tier's copies (pinned memory, a side stream): bounded bytes, least recently written dropped first, a
 collision is a miss, K/V bytes come back bit for bit (fp32, int8 with its scales), the files go when the engine
@@ -14,8 +14,8 @@ import pytest
 import torch
 
 from lab_utils import EngineConfig, LLMEngine, SamplingParams
-from lab_utils.engine.disk_tier import DiskTier
-from lab_utils.engine.host_tier import HostTier, LRUPolicy
+from lab_utils.engine.kv.disk_tier import DiskTier
+from lab_utils.engine.kv.host_tier import HostTier, LRUPolicy
 
 BS = 8
 GREEDY = SamplingParams(max_tokens=6, ignore_eos=True)

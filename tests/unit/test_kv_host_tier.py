@@ -1,4 +1,4 @@
-"""The host tier under the prefix cache (`EngineConfig.kv_offload_bytes`, `lab_utils.engine.host_tier`): a
+"""The host tier under the prefix cache (`EngineConfig.kv_offload_bytes`, `lab_utils.engine.kv.host_tier`): a
 conversation whose prefix the small device pool evicted comes back and copies its blocks back instead of
 recomputing them, with the same greedy tokens; every block comes back, the tier stays within its bytes and
 drops its least recently used entry first."""
@@ -12,7 +12,7 @@ import torch
 
 from lab_utils import EngineConfig, LLMEngine, SamplingParams
 from lab_utils.engine.config import KV_OFFLOAD_POLICIES
-from lab_utils.engine.host_tier import POLICIES, HostTier, LRUPolicy, TwoQueuePolicy
+from lab_utils.engine.kv.host_tier import POLICIES, HostTier, LRUPolicy, TwoQueuePolicy
 
 BS = 8
 GREEDY = SamplingParams(max_tokens=6, ignore_eos=True)
@@ -175,7 +175,7 @@ def test_cli_flag_is_in_gib_as_vllm():
 
 def test_learner_prefix_cache_parts_are_refused_with_the_tier(tiny64):
     from lab_utils.course.parts import EngineParts
-    from lab_utils.engine.block_manager import BlockManager
+    from lab_utils.engine.kv.block_manager import BlockManager
 
     def match_prefix(self, req):
         return BlockManager.match_prefix(self, req)
@@ -222,7 +222,7 @@ def test_other_learner_block_manager_parts_run_with_the_tier(tiny64):
     import functools
 
     from lab_utils.course.parts import EngineParts
-    from lab_utils.engine.block_manager import BlockManager
+    from lab_utils.engine.kv.block_manager import BlockManager
 
     def wrap(attr):
         ref = getattr(BlockManager, attr)

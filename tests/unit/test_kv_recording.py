@@ -1,6 +1,6 @@
 """`run_recording` (lab 02's KV pool over time) counts every engine step, the last one included."""
 from lab_utils import EngineConfig, LLMEngine, SamplingParams
-from lab_utils.engine.memory import run_recording
+from lab_utils.engine.kv.memory import run_recording
 
 
 def test_steps_count_every_engine_step_and_records_the_resident_ones(tiny64):

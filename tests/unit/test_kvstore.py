@@ -12,7 +12,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from lab_utils import EngineConfig, SamplingParams
 from lab_utils.engine.engine import LLMEngine
-from lab_utils.engine.paging import bytes_per_token
+from lab_utils.engine.kv.paging import bytes_per_token
 from lab_utils.kvstore.store import KVStoreProcess
 from lab_utils.kvstore.tier import attach, detach, stable_names
 from lab_utils.kvstore.store import BlockStore

@@ -10,7 +10,7 @@ import torch
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from lab_utils import EngineConfig
-from lab_utils.engine.paging import bytes_per_token
+from lab_utils.engine.kv.paging import bytes_per_token
 from lab_utils.disagg.router import load_tokenizer_for
 
 pytestmark = pytest.mark.slow

@@ -12,7 +12,7 @@ from lab_utils import LLMEngine, SamplingParams
 from lab_utils.course import learner_parts
 from lab_utils.checks.claims import parts_called
 from lab_utils.checks.lab04 import CACHED_RUN_PARTS
-from lab_utils.engine.block_manager import BlockManager
+from lab_utils.engine.kv.block_manager import BlockManager
 from lab_utils.course.parts import EngineParts
 
 BS = 16

@@ -13,11 +13,11 @@ import random
 import pytest
 import torch
 
-from lab_utils.engine import prefix_cache
+from lab_utils.engine.kv import prefix_cache
 from lab_utils.engine.attention import AttentionMetadata, PagedAttention, gather_blocks, paged_attention_reference
-from lab_utils.engine.block_manager import BlockManager
-from lab_utils.engine.kv_cache import KVCache
-from lab_utils.engine.prefix_cache import block_hash
+from lab_utils.engine.kv.block_manager import BlockManager
+from lab_utils.engine.kv.kv_cache import KVCache
+from lab_utils.engine.kv.prefix_cache import block_hash
 from lab_utils.engine.request import Request
 from lab_utils.engine.sampling_params import SamplingParams
 

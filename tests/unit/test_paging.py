@@ -4,9 +4,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lab_utils.engine.kv_cache import KVCache
-from lab_utils.engine.paging import KV_CACHE_DTYPES, BlockPool, bytes_per_token, slot
-from lab_utils.engine.prefix_cache import NoPrefixCache
+from lab_utils.engine.kv.kv_cache import KVCache
+from lab_utils.engine.kv.paging import KV_CACHE_DTYPES, BlockPool, bytes_per_token, slot
+from lab_utils.engine.kv.prefix_cache import NoPrefixCache
 from lab_utils.engine.request import Request
 from lab_utils.engine.sampling_params import SamplingParams
 from lab_utils.quant.kv import kv_bytes_per_token

@@ -7,7 +7,7 @@ import pytest
 from lab_utils import EngineConfig, LLMEngine, SamplingParams
 from lab_utils.course import learner_parts
 from lab_utils.checks import parts_check
-from lab_utils.engine.block_manager import BlockManager
+from lab_utils.engine.kv.block_manager import BlockManager
 from lab_utils.course.parts import PARTS, EngineParts, LearnerPartError
 from lab_utils.engine.request import Status
 from lab_utils.engine.scheduler import SchedulerOutput

@@ -5,7 +5,7 @@ import pytest
 
 from lab_utils import EngineConfig, LLMEngine, SamplingParams
 from lab_utils.checks.claims import parts_called
-from lab_utils.engine.block_manager import BlockManager
+from lab_utils.engine.kv.block_manager import BlockManager
 from lab_utils.course.parts import EngineParts
 from lab_utils.engine.scheduler import Scheduler
 

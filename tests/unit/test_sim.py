@@ -49,7 +49,7 @@ def test_model_shapes_match_published_sizes_and_the_engine():
     spec = ModelSpec.from_config("tiny", model.config, dtype_bytes=4)
     n_real = sum(p.numel() for p in model.parameters())
     assert spec.params == n_real
-    from lab_utils.engine.paging import bytes_per_token
+    from lab_utils.engine.kv.paging import bytes_per_token
     c = model.config
     assert spec.kv_bytes_per_token == bytes_per_token(c.num_hidden_layers, c.num_key_value_heads, c.head_dim,
                                                       model.dtype)

@@ -17,7 +17,7 @@ import torch
 from lab_utils.engine.accel.cpu_attention import MAX_KERNEL_QUERIES, CpuDecodeAttention
 from lab_utils.engine.accel.split_attention import SplitMetadata, SplitPagedAttention
 from lab_utils.engine.attention import AttentionMetadata, PagedAttention
-from lab_utils.engine.kv_cache import KVCache
+from lab_utils.engine.kv.kv_cache import KVCache
 from lab_utils.models.llama import AttentionFn
 
 # (cache, block tables, context lengths, query lengths, block size, device) -> the step's attention, or None

@@ -19,8 +19,8 @@ import torch
 
 from lab_utils.engine.attention import AttentionMetadata, PagedAttention
 from lab_utils.engine.accel.cpu_kernels import cpu_kernels
-from lab_utils.engine.kv_cache import KVCache
-from lab_utils.engine.paging import slot
+from lab_utils.engine.kv.kv_cache import KVCache
+from lab_utils.engine.kv.paging import slot
 
 
 def kernel_usable(cache: KVCache, device: torch.device, enabled: bool | None = None) -> bool:

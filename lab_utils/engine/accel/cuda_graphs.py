@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import torch
 
 from lab_utils.engine.attention import AttentionMetadata, PagedAttention
-from lab_utils.engine.kv_cache import KVCache
+from lab_utils.engine.kv.kv_cache import KVCache
 
 MIN_CONTEXT_BUCKET = 256
 

@@ -19,7 +19,7 @@ import torch
 from lab_utils.engine.accel.attention_backends import step_attention
 from lab_utils.engine.accel.cpu_attention import MAX_KERNEL_QUERIES, kernel_usable
 from lab_utils.engine.accel.cuda_graphs import runner_options
-from lab_utils.engine.kv_cache import KVCache
+from lab_utils.engine.kv.kv_cache import KVCache
 from lab_utils.models.llama import AttentionFn
 
 T = TypeVar("T")

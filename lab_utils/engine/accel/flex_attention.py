@@ -20,7 +20,7 @@ import functools
 import torch
 
 from lab_utils.engine.attention import AttentionMetadata, PagedAttention
-from lab_utils.engine.kv_cache import KVCache
+from lab_utils.engine.kv.kv_cache import KVCache
 
 BACKENDS = ("auto", "sdpa", "flex")
 

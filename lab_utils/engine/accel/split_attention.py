@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import torch
 
 from lab_utils.engine.attention import AttentionMetadata, PagedAttention
-from lab_utils.engine.kv_cache import KVCache
+from lab_utils.engine.kv.kv_cache import KVCache
 
 DECODE_GROUP_ROWS = 8
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from lab_utils.engine.kv_cache import KVCache
+from lab_utils.engine.kv.kv_cache import KVCache
 
 Saved = dict[str, torch.Tensor]
 

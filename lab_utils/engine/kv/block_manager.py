@@ -7,9 +7,9 @@ it (`admit`: attach its cached prefix blocks), and grow or free a request's bloc
 """
 from __future__ import annotations
 
-from lab_utils.engine.host_tier import HostTier
-from lab_utils.engine.paging import BlockPool
-from lab_utils.engine.prefix_cache import HashChainPrefixCache
+from lab_utils.engine.kv.host_tier import HostTier
+from lab_utils.engine.kv.paging import BlockPool
+from lab_utils.engine.kv.prefix_cache import HashChainPrefixCache
 from lab_utils.engine.request import Request, Status
 
 

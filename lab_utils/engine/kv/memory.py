@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from lab_utils.engine.paging import KV_CACHE_DTYPES, bytes_per_token
+from lab_utils.engine.kv.paging import KV_CACHE_DTYPES, bytes_per_token
 
 _MODEL_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 

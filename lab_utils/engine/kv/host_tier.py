@@ -33,7 +33,7 @@ from typing import Callable, Hashable, Iterable
 
 import torch
 
-from lab_utils.engine.disk_tier import STATS_WHEN_OFF as DISK_STATS_WHEN_OFF, DiskTier
+from lab_utils.engine.kv.disk_tier import STATS_WHEN_OFF as DISK_STATS_WHEN_OFF, DiskTier
 
 Saved = dict[str, torch.Tensor]  # one block's K/V as `KVCache.copy_out` returns it
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from lab_utils.engine.paging import KV_CACHE_DTYPES, KV_SCALE_DTYPE, slot
+from lab_utils.engine.kv.paging import KV_CACHE_DTYPES, KV_SCALE_DTYPE, slot
 
 FP8_MAX = 448.0
 

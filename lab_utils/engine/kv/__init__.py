@@ -1,0 +1,20 @@
+"""The KV hierarchy: where a token's K and V live, from the device pool down to disk, and who decides.
+
+Top to bottom, as a prompt's block travels:
+
+    BlockManager (block_manager.py)       what the scheduler asks: can a request start, grow it, free it
+      = HashChainPrefixCache              names full blocks by a hash chain, reuses them (prefix_cache.py, lab 04)
+      + BlockPool                         the device blocks and their reference counts (paging.py, lab 02)
+      host_tier: a Tier or None           a named block the device evicts goes there and comes back from there
+        HostTier (host_tier.py)           host memory, bounded in bytes, an eviction policy
+          DiskTier (disk_tier.py)         one preallocated file under the host tier: what it drops
+        (or lab_utils.kvstore.StoreTier)  a store shared between engines, in its place
+    KVCache (kv_cache.py)                 the device tensors a block id addresses (slot = block * size + offset)
+    BlockCopies (block_copies.py)         one block's K/V between the device cache and host memory
+
+Sizing and accounting: `kv_budget.py` (how much device memory the pool gets, vLLM's rule), `memory.py`
+(capacity arithmetic and per-step snapshots for the labs' figures); `paging.bytes_per_token` is the one count of
+a token's KV bytes.
+
+Arrows go down only: nothing here imports the scheduler, the engine, the course or the checks.
+"""
