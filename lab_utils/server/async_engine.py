@@ -1,8 +1,10 @@
 """Run LLMEngine.step() in a background thread and hand each request's tokens to an asyncio queue.
 
-The engine is plain synchronous code; the server is async. One lock serialises them: the loop thread holds it
-for one step at a time, and add/abort take it between steps. A client that goes away aborts its request, which
-frees its KV blocks at once.
+The engine is plain synchronous code; the server is async. The event loop never waits on the engine: `add` and
+`abort` put a command in an inbox that the engine thread drains between steps (as vLLM's AsyncLLM hands work to
+its engine core), and the engine thread alone takes the engine lock. A request's admission (or its refusal,
+a ValueError said by the engine) comes back to the loop through a future, awaited without blocking anything.
+A client that goes away aborts its request, which frees its KV blocks after the step that is running.
 
 A step that raises belongs to some request, not to the server. The suspects are the requests new to the
 failing step (those that did not produce a token in the step before it; all it held if none is new): a lone
@@ -44,6 +46,7 @@ class Stream:
     request_id: str
     queue: asyncio.Queue
     loop: asyncio.AbstractEventLoop
+    admitted: asyncio.Future  # None once the engine queued it; its exception if the engine refused it
 
 
 class AsyncEngine:
@@ -53,6 +56,9 @@ class AsyncEngine:
         self.max_consecutive_failures = max_consecutive_failures
         self._lock = threading.Lock()
         self._wake = threading.Event()
+        self._inbox: deque[tuple] = deque()  # ("add", stream, prompt, params) | ("abort", request_id), FIFO
+        self._adds_in = 0  # "add" commands put in the inbox (written by the event loop only) ...
+        self._adds_out = 0  # ... and taken out (by the engine thread only): the difference counts as waiting
         self._streams: dict[str, Stream] = {}
         self._ids = itertools.count()
         self._stop = False
@@ -79,7 +85,7 @@ class AsyncEngine:
 
     @property
     def num_waiting(self) -> int:
-        return self.engine.num_waiting + len(self._probation)
+        return self.engine.num_waiting + len(self._probation) + self._adds_in - self._adds_out
 
     def _loop(self) -> None:
         try:
@@ -89,6 +95,7 @@ class AsyncEngine:
             log.exception("engine loop failed")
             self.error = exc
         if self.error is not None:
+            self._fail_inbox(EngineDeadError(f"the engine failed and serves nobody until a restart: {self.error}"))
             for stream in list(self._streams.values()):
                 try:
                     stream.loop.call_soon_threadsafe(stream.queue.put_nowait, self.error)
@@ -99,6 +106,7 @@ class AsyncEngine:
     def _iteration(self) -> None:
         outputs: list[RequestOutput] = []
         with self._lock:
+            self._drain()
             self._admit_probe()
             busy = self.engine.has_unfinished()
             if busy:
@@ -133,6 +141,37 @@ class AsyncEngine:
                 stream.loop.call_soon_threadsafe(stream.queue.put_nowait, out)
             except RuntimeError:  # the consumer's event loop is closed: nobody reads this request any more
                 self.abort(out.request_id)
+
+    # -- the inbox (drained by the engine thread, with the lock held) -----------------------------------
+    def _drain(self) -> None:
+        """Apply the adds and aborts the event loop queued since the last step, in the order they came."""
+        while True:
+            try:
+                cmd = self._inbox.popleft()
+            except IndexError:
+                return
+            if cmd[0] == "abort":
+                self._streams.pop(cmd[1], None)
+                self.engine.abort(cmd[1])
+                continue
+            _, stream, prompt, params = cmd
+            self._adds_out += 1
+            try:
+                if self.error is not None:
+                    raise EngineDeadError(f"the engine failed and serves nobody until a restart: {self.error}")
+                self.engine.add_request(prompt, params, request_id=stream.request_id)
+                self._streams[stream.request_id] = stream
+                _resolve(stream, None)
+            except Exception as exc:  # noqa: BLE001 - the request's refusal, said to its client
+                _resolve(stream, exc)
+
+    def _fail_inbox(self, exc: BaseException) -> None:
+        """Adds that will never be drained (the loop stopped or died) are refused rather than left waiting."""
+        while self._inbox:
+            cmd = self._inbox.popleft()
+            if cmd[0] == "add":
+                self._adds_out += 1
+                _resolve(cmd[1], exc)
 
     # -- failure isolation (called with the lock held) ---------------------------------------------
     def _isolate(self, exc: Exception) -> list[RequestOutput]:
@@ -179,29 +218,36 @@ class AsyncEngine:
 
     # -- the async side ------------------------------------------------------------------------------
     def add(self, prompt: str | list[int], params: SamplingParams) -> Stream:
-        """Queue a request now (call from the event loop); returns its stream for `outputs()`. Raises ValueError
-        (a bad request, said by the engine), QueueFullError or EngineDeadError, all before anything is sent."""
+        """Hand a request to the engine thread (call from the event loop; never waits); returns its stream for
+        `outputs()`. Raises QueueFullError or EngineDeadError at once; the engine's own refusal (ValueError)
+        comes from `await admitted(stream)` (or from `outputs()`), still before anything is sent."""
         if self.error is not None:
             raise EngineDeadError(f"the engine failed and serves nobody until a restart: {self.error}")
-        rid = f"req-{next(self._ids)}"
-        stream = Stream(rid, asyncio.Queue(), asyncio.get_running_loop())
-        with self._lock:
-            if self.error is not None:
-                raise EngineDeadError(f"the engine failed and serves nobody until a restart: {self.error}")
-            if self.max_waiting is not None and self.num_waiting >= self.max_waiting:
-                raise QueueFullError(f"{self.num_waiting} requests are already waiting (max_waiting="
-                                     f"{self.max_waiting}); retry later")
-            self.engine.add_request(prompt, params, request_id=rid)
-            self._streams[rid] = stream
+        if self.max_waiting is not None and self.num_waiting >= self.max_waiting:
+            raise QueueFullError(f"{self.num_waiting} requests are already waiting (max_waiting="
+                                 f"{self.max_waiting}); retry later")
+        loop = asyncio.get_running_loop()
+        stream = Stream(f"req-{next(self._ids)}", asyncio.Queue(), loop, loop.create_future())
+        self._adds_in += 1
+        self._inbox.append(("add", stream, prompt, params))
         self._start()
         self._wake.set()
         return stream
+
+    async def admitted(self, stream: Stream) -> None:
+        """Wait (without blocking the loop) until the engine thread queued the request; raise its refusal."""
+        try:
+            await asyncio.shield(stream.admitted)
+        except asyncio.CancelledError:  # its client left before the engine took it: dropped right after
+            self.abort(stream.request_id)
+            raise
 
     async def outputs(self, stream: Stream, abort_on_exit: bool = True):
         """Async iterator of RequestOutput for a request from `add()`; aborts it if the consumer stops early
         (unless `abort_on_exit` is False: then the consumer does, as the streaming loop `stream_sse`)."""
         finished = False
         try:
+            await self.admitted(stream)
             while True:
                 item = await stream.queue.get()
                 if isinstance(item, BaseException):
@@ -220,11 +266,24 @@ class AsyncEngine:
             yield out
 
     def abort(self, request_id: str) -> None:
-        self._streams.pop(request_id, None)
-        with self._lock:
-            self.engine.abort(request_id)
+        """Stop a request (its client left): done by the engine thread before its next step; never waits."""
+        self._inbox.append(("abort", request_id))
+        self._wake.set()
 
     def shutdown(self) -> None:
         self._stop = True
         self._wake.set()
         self._thread.join(timeout=10)
+        if not self._thread.is_alive():
+            self._fail_inbox(EngineDeadError("the server is shutting down"))
+
+
+def _resolve(stream: Stream, exc: BaseException | None) -> None:
+    """Settle a stream's admission from the engine thread (its loop may be closed: nobody waits then)."""
+    def settle() -> None:
+        if not stream.admitted.done():
+            stream.admitted.set_result(None) if exc is None else stream.admitted.set_exception(exc)
+    try:
+        stream.loop.call_soon_threadsafe(settle)
+    except RuntimeError:
+        pass

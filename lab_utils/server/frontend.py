@@ -114,7 +114,7 @@ class Frontend:
         except (OverflowError, TypeError, ValueError):
             return ""
 
-    def submit(self, ids: list[int], params: SamplingParams, param: str) -> Stream:
+    async def submit(self, ids: list[int], params: SamplingParams, param: str) -> Stream:
         """Check the request against this engine and queue it; every refusal is an HTTP error, sent before any
         response has started."""
         if not ids:
@@ -123,7 +123,9 @@ class Frontend:
         if why:
             raise APIError(400, why, param=param)
         try:
-            return self.aengine.add(ids, params)
+            stream = self.aengine.add(ids, params)
+            await self.aengine.admitted(stream)  # the engine thread queues it between steps; the loop never waits
+            return stream
         except ValueError as exc:  # the engine's own checks: token ids outside the vocabulary, ...
             raise APIError(400, str(exc), param=param) from None
         except QueueFullError as exc:

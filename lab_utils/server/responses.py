@@ -33,7 +33,7 @@ async def complete(fe: Frontend, raw: Request, ids: list[int], params: SamplingP
     (tools.tool_mode); `echo`: the prompt's text, put before the completion's (its logprobs too, if asked)."""
     if req.stream_options is not None and not req.stream:
         raise APIError(400, "stream_options is only allowed with stream: true", param="stream_options")
-    handle = fe.submit(ids, params, param)
+    handle = await fe.submit(ids, params, param)
     rid, created = f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{uuid.uuid4().hex[:16]}", int(time.time())
     grammar = grammar_param(mode) if params.structured_output is not None else None
     if req.stream:
