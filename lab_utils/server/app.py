@@ -59,6 +59,7 @@ def create_app(engine: LLMEngine, model_name: str, max_tokens_cap: int = 1024, a
     app.openapi = functools.partial(openapi_with_errors, app, app.openapi)
     for fe in served:
         app.router.add_event_handler("shutdown", fe.aengine.shutdown)
+        app.router.add_event_handler("shutdown", fe.offload.shutdown)  # its compile worker processes
     install_error_handlers(app)
     app.include_router(router)
     return app

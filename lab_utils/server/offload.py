@@ -10,11 +10,20 @@ A compilation that takes longer than `compile_timeout_s` is refused ("schema too
 worker process is killed, so it costs nothing afterwards; the refusal is cached like a grammar. At most
 `compile_workers` compilations run at once; a request waits for a free worker up to the same time limit, then
 gets a 503 with Retry-After (the compiler is busy): never an unbounded queue.
+
+Nothing outlives the server: the app's shutdown kills the workers, and each worker also watches its parent, so
+a server killed outright (SIGKILL, or a signal that ends it before its shutdown runs) takes them with it: on
+Linux the kernel sends the worker SIGKILL as its parent goes (`PR_SET_PDEATHSIG`), and everywhere a thread in
+the worker exits it once its parent process is gone. multiprocessing's resource tracker ends by itself when
+the last process holding its pipe (the server, the workers) is gone.
 """
 from __future__ import annotations
 
 import asyncio
 import multiprocessing
+import os
+import signal
+import sys
 import threading
 import time
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
@@ -25,13 +34,38 @@ from lab_utils.structured.hook import CompileTimeout, build_grammar
 from lab_utils.structured.params import StructuredOutputParams
 
 COMPILE_TIMEOUT_S = 10.0
+PARENT_POLL_S = 0.25  # how often a worker checks that the server is still its parent
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
 TOKENIZE_INLINE_CHARS = 20_000  # shorter text is tokenised on the loop (well under a millisecond per kB)
 
 _worker_compiler = None  # in a worker process: its xgrammar GrammarCompiler
 
 
-def _worker_init(tokenizer_info_json: str) -> None:
+def _die_with_parent(parent_pid: int) -> None:
+    """End this worker when the server that started it ends, however it ends (called first in the worker)."""
+    if sys.platform.startswith("linux"):
+        try:
+            import ctypes
+
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)  # sent when the parent (its thread) exits
+        except (OSError, AttributeError):
+            pass
+    if os.getppid() != parent_pid:  # it went before the line above took effect
+        os._exit(0)
+
+    def watch() -> None:  # the portable half, and a second line should the kernel's signal not come
+        while os.getppid() == parent_pid:
+            time.sleep(PARENT_POLL_S)
+        os._exit(0)
+
+    threading.Thread(target=watch, name="parent-watch", daemon=True).start()
+
+
+def _worker_init(tokenizer_info_json: str, parent_pid: int | None = None) -> None:
     global _worker_compiler
+    if parent_pid is not None:
+        _die_with_parent(parent_pid)
     import xgrammar as xgr
 
     info = xgr.TokenizerInfo.deserialize_json(tokenizer_info_json)
@@ -106,7 +140,7 @@ class Offload:
             if self._procs is None:
                 info = self.engine.structured.compiler.info.serialize_json()
                 self._procs = ProcessPoolExecutor(self.compile_workers, multiprocessing.get_context("spawn"),
-                                                  initializer=_worker_init, initargs=(info,))
+                                                  initializer=_worker_init, initargs=(info, os.getpid()))
                 procs = self._procs
             else:
                 return self._procs
@@ -150,5 +184,10 @@ class Offload:
         return await asyncio.get_running_loop().run_in_executor(self._text_pool, fn, *args)
 
     def shutdown(self) -> None:
-        if self._procs is not None:
-            self._kill(self._procs)
+        """Kill the compile workers (the app's shutdown calls this); the next compilation starts new ones."""
+        procs = self._procs
+        if procs is not None:
+            workers = list((getattr(procs, "_processes", None) or {}).values())
+            self._kill(procs)
+            for p in workers:
+                p.join(timeout=5)
