@@ -76,10 +76,18 @@ def _policy_order(policy) -> list:
     return list(getattr(policy, "order", []))
 
 
-def snapshot(pool: Pool, result: object) -> dict:
+LRU_KEY = "self.evictable (LRU order, this prompt's hits left out)"
+
+
+def snapshot(pool: Pool, result: object, hits: list[int] = ()) -> dict:
+    """What `promote` may change. The contract fixes which blocks stay cached and the LRU order of the others
+    (a hit is never evicted, the least recently used other block goes, the promoted block is the newest); where
+    the prompt's own hits sit in that order is the function's choice, so only whether each is still cached counts."""
     bm, tier = pool.bm, pool.tier
     blocks = {b.block_id: (b.hash, b.token_ids, b.ref_count) for b in bm.blocks}
-    out = {"returned": result, "self.free_ids": list(bm.free_ids), "self.evictable (LRU order)": list(bm.evictable),
+    out = {"returned": result, "self.free_ids": list(bm.free_ids),
+           LRU_KEY: [b for b in bm.evictable if b not in hits],
+           "this prompt's hits still cached": sorted(b for b in hits if b in bm.evictable),
            "self.hash_to_block": dict(bm.hash_to_block), "blocks (hash, token_ids, ref_count)": blocks,
            "host tier entries": {k: e.token_ids for k, e in tier.entries.items()},
            "host tier bytes_used": tier.bytes_used,
@@ -136,8 +144,9 @@ def random_case(seed: int) -> tuple[Pool, int, tuple[int, ...], list[int], str]:
     return pool, name, ids, hits, what
 
 
-def _diagnose(ref: dict, you: dict, pool_ref: Pool, pool_you: Pool, name, ids, hits: list[int]) -> str | None:
-    """The usual mistake whose evidence is in the difference, or None."""
+def _diagnose(ref: dict, you: dict, pool_ref: Pool, pool_you: Pool, name, ids, hits: list[int],
+              had_free: bool = False) -> str | None:
+    """The usual mistake whose evidence is in the difference, or None (`had_free`: free blocks before the call)."""
     held = pool_ref.tier.holds(name, ids) or ref["returned"] is not None
     collision = name in pool_ref.tier.entries and not held or (
         ref["returned"] is None and you["returned"] is not None and not held)
@@ -145,18 +154,13 @@ def _diagnose(ref: dict, you: dict, pool_ref: Pool, pool_you: Pool, name, ids, h
         return ("the tier holds this name with other token ids: a collision is a miss, never a hit (ask the tier "
                 "whether it holds the name with exactly these tokens)")
     bm = pool_you.bm
-    lost = [b for b in hits if bm.blocks[b].hash is None or bm.hash_to_block.get(bm.blocks[b].hash) != b]
-    order_key = "self.evictable (LRU order)"
-    cached_hits = [b for b in hits if b in ref[order_key]]
-    r_order = [b for b in ref[order_key] if b != ref["returned"]]
-    y_order = [b for b in you[order_key] if b != you["returned"]]
-    if not lost and cached_hits and r_order != y_order and \
-            r_order[-len(cached_hits):] == cached_hits and y_order[-len(cached_hits):] != cached_hits:
-        lost = cached_hits  # still there, but first in line for the next block's eviction
+    lost = [b for b in hits if b == you["returned"] or bm.blocks[b].hash is None
+            or bm.hash_to_block.get(bm.blocks[b].hash) != b]
     if lost:
-        return (f"you evicted block {lost[0]}, one of this prompt's earlier blocks (hits={hits}), to make room: the "
-                f"block you promote then has no parent on the device. Only a cached block outside `hits` may go; "
-                f"keep hits at the back of the LRU order, or return None when only they could be evicted")
+        reused = " and reused it for the promoted block (the one you returned)" if lost[0] == you["returned"] else ""
+        return (f"you evicted block {lost[0]}, one of this prompt's earlier blocks (hits={hits}), to make room"
+                f"{reused}: the block you promote then has no parent on the device. Only a cached block outside "
+                f"`hits` may go (the least recently used of them), or return None when only hits could be evicted")
     if you["returned"] is not None and name in pool_you.tier.entries:
         return ("the block is on the device and still in the host tier: a stale copy (a hit leaves the tier; take "
                 "it, do not just read it) that the tier keeps paying bytes for and may hand out again later")
@@ -175,6 +179,16 @@ def _diagnose(ref: dict, you: dict, pool_ref: Pool, pool_you: Pool, name, ids, h
     if ref["returned"] is None and you["returned"] is not None:
         return ("no device block could be spared without evicting one of this prompt's earlier blocks (or the tier "
                 "does not hold it): return None")
+    r_left, y_left = [b for b in ref[LRU_KEY] if b != ref["returned"]], [b for b in you[LRU_KEY] if b != you["returned"]]
+    if ref["returned"] is not None and you["returned"] is not None and set(r_left) != set(y_left):
+        gone = [b for b in r_left if b not in y_left]  # cached by the reference, not by you
+        if not had_free and gone:  # the reference evicted block ref["returned"] and reused it
+            return (f"you evicted block {gone[0]}, but the least recently used cached block outside hits was block "
+                    f"{ref['returned']} (the first of self.evictable that is not a hit): evict that one; block "
+                    f"{gone[0]} should have stayed cached")
+        if had_free:
+            return ("a free block was left: take it (self.take_block() hands out free blocks before it evicts) and "
+                    "evict nothing")
     rb = you["returned"]
     if isinstance(rb, int) and 0 <= rb < bm.num_blocks:
         blk = bm.blocks[rb]
@@ -186,6 +200,10 @@ def _diagnose(ref: dict, you: dict, pool_ref: Pool, pool_you: Pool, name, ids, h
         if blk.ref_count != 0 or rb not in bm.evictable:
             return ("the promoted block must be cached and unreferenced (ref_count 0, newest in self.evictable) as if "
                     "it had never left: admit() takes the reference; else it leaks or is never evicted")
+        if you[LRU_KEY] and you[LRU_KEY][-1] != rb:
+            return (f"the promoted block must be the newest cached block (last in self.evictable), as a block just "
+                    f"used is; yours sits at position {you[LRU_KEY].index(rb) + 1} of {len(you[LRU_KEY])} (hits left "
+                    f"out), so the next eviction takes it before older blocks")
     return None
 
 
@@ -197,12 +215,24 @@ def _first_difference(ref: dict, you: dict) -> str:
     return f"afterwards {extra[0]} is {you[extra[0]]!r}; expected nothing" if extra else "states agree"
 
 
-def promote_cases(fn: Callable, trials: int = 300, seed: int = 0) -> int:
-    """Compare `fn` with the engine's `promote` on `trials` random pools; AssertionError on the first difference
-    (with the likely mistake). Returns the number of cases."""
-    check_signature(PART, fn)
+NO_TIER = ("with no host tier (self.host_tier is None: an engine without kv_offload_bytes still calls promote at "
+           "every prefix miss) promote returns None and changes nothing")
+
+
+def _cases(trials: int, seed: int):
+    """The engine without a tier (the contract's first None), then `trials` random pools with one."""
+    pool, name, ids, hits, what = random_case(seed * 100_000)
+    pool.bm.host_tier = None
+    yield "no tier", pool, name, ids, hits, f"{what}, but self.host_tier is None"
     for trial in range(trials):
-        pool, name, ids, hits, what = random_case(seed * 100_000 + trial)
+        yield trial, *random_case(seed * 100_000 + trial)
+
+
+def promote_cases(fn: Callable, trials: int = 300, seed: int = 0) -> int:
+    """Compare `fn` with the engine's `promote` on a pool without a host tier and `trials` random pools with one;
+    AssertionError on the first difference (with the likely mistake). Returns the number of random cases."""
+    check_signature(PART, fn)
+    for trial, pool, name, ids, hits, what in _cases(trials, seed):
         a, b = copy.deepcopy(pool), copy.deepcopy(pool)
         ref_out = BlockManager.promote(a.bm, name, ids, list(hits))
         try:
@@ -210,12 +240,15 @@ def promote_cases(fn: Callable, trials: int = 300, seed: int = 0) -> int:
         except NotImplementedError:
             raise
         except (LearnerPartError, Exception) as err:
+            cause = NO_TIER if b.bm.host_tier is None else None
             raise AssertionError(f"{_where()}, case {trial} ({what}): your function raised "
-                                 f"{type(err).__name__}: {err}\n  called: promote(name, ids={ids}, hits={hits})") from err
-        ref, you = snapshot(a, ref_out), snapshot(b, you_out)
+                                 f"{type(err).__name__}: {err}\n  called: promote(name, ids={ids}, hits={hits})"
+                                 + (f"\n  likely mistake: {cause}" if cause else "")) from err
+        ref, you = snapshot(a, ref_out, hits), snapshot(b, you_out, hits)
         if ref == you:
             continue
-        cause = _diagnose(ref, you, a, b, name, ids, hits)
+        cause = NO_TIER if b.bm.host_tier is None else _diagnose(ref, you, a, b, name, ids, hits,
+                                                                 had_free=bool(pool.bm.free_ids))
         raise AssertionError(f"{_where()}, case {trial} ({what}): {_first_difference(ref, you)}\n"
                              f"  called: promote(name, ids={ids}, hits={hits})"
                              + (f"\n  likely mistake: {cause}" if cause else ""))
@@ -243,7 +276,9 @@ def claims(r: Mapping) -> list[Claim]:
     prefills a shorter tail over cached K/V, another order of the same sums)}, `leaks` {setting: message or ""},
     `returning_prefill` {setting: prefill tokens of returning turns}, `ratio_measured` / `ratio_predicted`
     {tier setting: median TTFT off / with the tier}, `ratio_spread` {tier setting: spread of the measured ratio
-    over rounds}, `calls` (EngineParts.calls over the tier runs); and the shared store's run
+    over rounds}, `prefill_curves` (optional) {name: [(tokens, seconds)]}: the measured curves the prediction reads (a
+    curve that is not increasing makes a missed prediction NOT JUDGED), `calls` (EngineParts.calls over the tier
+    runs); and the shared store's run
     (`kvstore.sources.summarise`): `store_computed` {"store", "apart": prompt tokens the returning turns computed},
     `store_read` (tokens they read from the store), `store_first_tokens` {"store", "apart": first token of every
     turn}, `store_near_ties` (optional: turns whose first tokens part at a near-tie), `store_leaks` {worker: message
@@ -270,11 +305,29 @@ def claims(r: Mapping) -> list[Claim]:
             "predict within " + f"{TOLERANCE:.0%}: " + "; ".join(
                 f"{s} measured {r['ratio_measured'][s]:.2f}x, predicted {r['ratio_predicted'][s]:.2f}x "
                 f"(error {errors[s]:.0%})" for s in errors))
-    out.append(judge_error(text, errors, r["ratio_spread"], TOLERANCE,
-                           "rerun the trace cell when the machine is quieter"))
+    claim = judge_error(text, errors, r["ratio_spread"], TOLERANCE, "rerun the trace cell when the machine is quieter")
+    bumpy = bumpy_curves(r.get("prefill_curves", {}))
+    if claim[1] is False and bumpy:
+        claim = (f"{claim[0]} -- NOT JUDGED: the prefill curve the prediction reads is not increasing ({bumpy}: "
+                 f"a longer prompt measured faster than a shorter one), so this machine was too busy to tell; rerun "
+                 f"the trace cell when the machine is quieter", None)
+    out.append(claim)
     out.append(parts_called("the host-tier runs", r["calls"], [PART]))
     out.extend(store_claims(r))
     return out
+
+
+def bumpy_curves(curves: Mapping[str, list]) -> str:
+    """'fresh round 1: 64 tokens 30 ms < 16 tokens 41 ms' for each measured prefill curve (name -> [(tokens,
+    seconds)]) in which more tokens took less time; '' when every curve increases."""
+    bumps = []
+    for name, curve in curves.items():
+        pts = sorted(curve)
+        for (n0, s0), (n1, s1) in zip(pts, pts[1:]):
+            if s1 < s0:
+                bumps.append(f"{name}: {n1} tokens {1e3 * s1:.0f} ms < {n0} tokens {1e3 * s0:.0f} ms")
+                break
+    return "; ".join(bumps)
 
 
 def store_claims(r: Mapping) -> list[Claim]:

@@ -240,3 +240,14 @@ def test_a_store_slower_than_recomputing_fails_and_a_noisy_one_is_not_judged(run
     claims = lab14.claims(_r(runs, {**STORE_OK, "store_ratios": [0.5, 1.5, 1.2]}))
     text, ok = next(c for c in claims if "faster with the store" in c[0])
     assert ok is None and "NOT JUDGED" in text
+
+
+def test_a_missed_prediction_read_off_a_bumpy_prefill_curve_is_not_judged(runs):
+    bumpy = {"fresh round 0": [(16, 0.010), (64, 0.030)], "tail round 0": [(16, 0.020), (64, 0.012)]}
+    claims = lab14.claims(_r(runs, ratio_predicted={"lru": 4.0}, prefill_curves=bumpy))
+    text, ok = next(c for c in claims if "predict within" in c[0])
+    assert ok is None and "prefill curve the prediction reads is not increasing" in text and "tail round 0" in text
+    smooth = {"fresh round 0": [(16, 0.010), (64, 0.030)]}
+    text, ok = next(c for c in lab14.claims(_r(runs, ratio_predicted={"lru": 4.0}, prefill_curves=smooth))
+                    if "predict within" in c[0])
+    assert ok is False, text
