@@ -10,6 +10,9 @@ A statement that only re-checks a model's own arithmetic says so ("check of the 
 a measurement.
 A timing claim may also be "not judged" (verdict None, see `lab_utils.checks.timing`): the machine was too busy
 for its interleaved rounds to agree. It is printed with how to rerun, and raises nothing.
+A claim about a trained model's quality (perplexity order, a draft's agreement, schema-valid answers, routing)
+is a coin toss on random weights (`MODEL="smollm2-135m-random"`, the lent GPU machine's model): `trained_only`
+makes it NOT JUDGED there, saying so, while every other claim of that run is judged.
 """
 from __future__ import annotations
 
@@ -44,3 +47,23 @@ def parts_called(what: str, calls: Mapping[str, int], names: Sequence[str]) -> C
     if idle:
         text += f"; never called: {', '.join(idle)}"
     return text, bool(counts) and not idle
+
+
+RANDOM_WEIGHTS = "NOT JUDGED: random weights"
+
+
+def has_random_weights(model: str | None) -> bool:
+    """Whether the model named `model` (a registry name, e.g. the lab's `MODEL`) has random weights."""
+    from lab_utils.models.registry import REGISTRY
+
+    spec = REGISTRY.get(str(model)) if model is not None else None
+    return spec is not None and spec.kind == "random"
+
+
+def trained_only(claim: Claim, model: str | None) -> Claim:
+    """`claim` as it is, unless `model` has random weights: then NOT JUDGED (verdict None), with why."""
+    text, ok = claim
+    if not has_random_weights(model):
+        return claim
+    return (f"{text} -- {RANDOM_WEIGHTS} ({model}: this claim needs a trained model's quality; "
+            f"run with MODEL='smollm2-135m' to judge it)", None)

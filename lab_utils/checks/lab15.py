@@ -21,6 +21,7 @@ from lab_utils.efficiency import fanout, routing
 
 FAN_OUT_PART = "efficiency.fan_out"
 ROUTE_PART = "efficiency.route"
+USAGE = "prompt_usage (lab 15's exercise, in this notebook: not an engine part)"
 AREA_BAR = 0.03  # answers kept above the straight line, averaged over the cost range
 SESSION_TOKENS_BAR = 0.5  # the session state's prompt tokens, at most this share of the full history's
 SESSION_TTFT_BAR = 1.5  # full history's time to first token over the session state's, at least
@@ -28,7 +29,13 @@ ROUTED_TIME_BOUND = 0.35  # a routing setting's time from the per-task times vs 
 BLOCK = 16
 
 
-def _tiny_engine(seed: int = 0):
+def _where(part: str) -> str:
+    from lab_utils.checks.parts_check import where
+
+    return where(part)
+
+
+def _tiny_engine(seed: int = 0, budget: int = 2048):
     import torch
 
     from lab_utils import LLMEngine, load_model
@@ -36,7 +43,7 @@ def _tiny_engine(seed: int = 0):
 
     if "tiny" not in _MODELS:
         _MODELS["tiny"] = load_model("tiny-random", device="cpu", dtype=torch.float64)
-    config = learner_parts.engine_config("04", block_size=BLOCK, num_gpu_blocks=160, max_num_batched_tokens=2048,
+    config = learner_parts.engine_config("04", block_size=BLOCK, num_gpu_blocks=160, max_num_batched_tokens=budget,
                                          seed=seed)
     return LLMEngine(_MODELS["tiny"], config, device="cpu")
 
@@ -50,24 +57,59 @@ def random_subtasks(rng: random.Random, n: int, prefix_blocks: int) -> list[list
     return [prefix + [rng.randrange(100, 40000) for _ in range(rng.randint(3, 2 * BLOCK))] for _ in range(n)]
 
 
+def _fan_out_trial(rng: random.Random, trial: int):
+    """One fan-out case: its prompts, sampling parameters and step budget. Trial 1 has a budget below the first
+    prompt's length (its prompt takes several steps); on the others one later sub-task stops at its first token
+    (a stop token), so the sub-tasks finish in another order than they were sent."""
+    from lab_utils import SamplingParams
+
+    n, blocks = rng.randint(3, 5), rng.randint(4, 6)
+    prompts = random_subtasks(rng, n, blocks)
+    params = SamplingParams(max_tokens=rng.randint(3, 6))
+    budget = 3 * BLOCK if trial % 3 == 1 else 2048
+    if budget == 2048:
+        want = fanout.one_by_one(_tiny_engine(), prompts, params)
+        firsts = [w.token_ids[0] for w in want[1:] if w.token_ids[0] not in want[0].token_ids]
+        if firsts:
+            params = SamplingParams(max_tokens=params.max_tokens, stop_token_ids=[firsts[-1]])
+    return prompts, params, budget
+
+
+def _first_prompt_before_the_rest(what: str, step_log: list[dict], got: list, budget: int) -> None:
+    """From the step log: no other sub-task runs before the first one's prompt is computed (the contract's fork)."""
+    ids = {o.request_id: len(o.prompt_token_ids) for o in got}
+    first = next((rid for step in step_log for rid, _ in step["requests"] if rid in ids), None)
+    done = 0
+    for k, step in enumerate(step_log):
+        others = [rid for rid, _ in step["requests"] if rid in ids and rid != first]
+        if others and done < ids[first]:
+            raise AssertionError(
+                f"{what}: in step {k + 1} (the step log) another sub-task ran while the first had computed {done} of "
+                f"its {ids[first]} prompt tokens: it could not find the shared prefix in the cache. Step until the "
+                f"first has produced its first token (its prompt can take several steps of {budget} tokens), then "
+                "send the rest")
+        done += sum(n for rid, n in step["requests"] if rid == first)
+
+
 def check_fan_out(fn: Callable, seed: int | None = 0, trials: int = 3) -> None:
     """`fn(engine, prompts, params) -> list[RequestOutput]` on random sub-tasks sharing a prefix: the answers of
-    one-by-one serving, in prompt order, worked on together, the shared prefix computed once. Submits `fn`."""
-    from lab_utils import SamplingParams
+    one-by-one serving, in prompt order (also when they finish in another), the sub-tasks in the same engine steps
+    (from its step log), the shared prefix computed once (also when the first prompt takes several steps).
+    Submits `fn`."""
     from lab_utils.course import learner_parts
 
+    part = _where(FAN_OUT_PART)
     rng = random.Random(seed)
     for trial in range(trials):
-        n, blocks = rng.randint(3, 5), rng.randint(4, 6)
-        prompts = random_subtasks(rng, n, blocks)
-        params = SamplingParams(max_tokens=rng.randint(3, 6))
-        ref_engine = _tiny_engine()
-        want = fanout.one_by_one(ref_engine, prompts, params)
-        best = _tiny_engine()
+        prompts, params, budget = _fan_out_trial(rng, trial)
+        n = len(prompts)
+        want = fanout.one_by_one(_tiny_engine(budget=budget), prompts, params)
+        best = _tiny_engine(budget=budget)
         floor = fanout.prompt_tokens_computed(best, fanout.fan_out(best, prompts, params))
-        engine = _tiny_engine()
+        engine = _tiny_engine(budget=budget)
         got = fn(engine, prompts, params)
-        what = f"{n} sub-tasks sharing a {fanout.shared_prefix_len(prompts)}-token prefix (block size {BLOCK})"
+        what = (f"{part}: {n} sub-tasks sharing a {fanout.shared_prefix_len(prompts)}-token prefix (block size "
+                f"{BLOCK}, {budget} tokens a step{', a stop token' if params.stop_token_ids else ''})")
         if not isinstance(got, (list, tuple)) or len(got) != n:
             raise AssertionError(f"{what}: return one RequestOutput per prompt, as a list; got "
                                  f"{type(got).__name__} of length {len(got) if hasattr(got, '__len__') else '?'}")
@@ -76,13 +118,23 @@ def check_fan_out(fn: Callable, seed: int | None = 0, trials: int = 3) -> None:
                 raise AssertionError(f"{what}: output {i} is not finished: return each request's final output "
                                      "(step until every request has finished)")
             if list(o.prompt_token_ids) != list(p):
+                finished_first = params.stop_token_ids and any(list(o.prompt_token_ids) == list(q) for q in prompts)
                 raise AssertionError(f"{what}: output {i} answers another prompt: return the outputs in the order "
-                                     "of the prompts (a step's outputs come in no promised order)")
+                                     "of the prompts (a step's outputs come in no promised order"
+                                     + ("; here a later sub-task finished first: collect the outputs by request id, "
+                                        "not in the order they finish" if finished_first else "") + ")")
         for i, (o, w) in enumerate(zip(got, want)):
             if list(o.token_ids) != list(w.token_ids):
                 raise AssertionError(f"{what}: sub-task {i}'s answer {list(o.token_ids)} differs from one-by-one "
                                      f"serving's {list(w.token_ids)} (greedy, float64: they must be equal)")
+        ids = [o.request_id for o in got]
+        steps = [{rid for rid, _ in step["requests"]} & set(ids) for step in engine.step_log]
+        alone = [i for i, rid in enumerate(ids) if not any(rid in s and len(s) > 1 for s in steps)]
         together = fanout.max_batch(engine)
+        if alone and together >= n - 1:
+            raise AssertionError(f"{what}: sub-task {alone[0]} ran in no engine step with another sub-task (the "
+                                 "step log): it ran to the end before the others were sent. The sub-tasks run in "
+                                 "the same steps: add the others as soon as the first has produced its first token")
         if together < n - 1:
             raise AssertionError(f"{what}: at most {together} of them were in one engine step: they ran one after "
                                  "another. Fan out: once the first has its prompt computed, add all the others "
@@ -91,13 +143,17 @@ def check_fan_out(fn: Callable, seed: int | None = 0, trials: int = 3) -> None:
         if computed > floor + BLOCK:
             shared = fanout.shared_prefix_len(prompts)
             times = (computed - (floor - shared)) / shared
+            chunked = len(prompts[0]) > budget
             raise AssertionError(
                 f"{what}: the engine computed {computed} prompt tokens, {floor} when the shared prefix is computed "
                 f"once: it computed the shared prefix about {times:.1f} times. Requests admitted in the same step all "
                 "miss the prefix cache (their blocks are named only once computed): send one sub-task first and "
-                "step until it has produced its first token, then the rest")
-    print(f"✔ check_fan_out: {trials} fan-outs of 3-5 sub-tasks: the same answers as one by one, worked on together, "
-          "the shared prefix computed once")
+                "step until it has produced its first token, then the rest"
+                + (f" (here its {len(prompts[0])}-token prompt takes more than one step of {budget} tokens: one step "
+                   "is not enough)" if chunked else ""))
+        _first_prompt_before_the_rest(what, engine.step_log, got, budget)
+    print(f"✔ check_fan_out: {trials} fan-outs of 3-5 sub-tasks (one with a prompt longer than a step's budget): the "
+          "same answers as one by one, in prompt order, worked on in the same steps, the shared prefix computed once")
     learner_parts.submit(FAN_OUT_PART, fn)
 
 
@@ -114,15 +170,15 @@ def check_prompt_usage(fn: Callable, seed: int | None = 0) -> None:
     got = fn(outs)
     want = fanout.prompt_usage(outs)
     if not isinstance(got, dict) or set(got) != set(want):
-        raise AssertionError(f"return a dict with the keys {sorted(want)}; got "
+        raise AssertionError(f"{USAGE}: return a dict with the keys {sorted(want)}; got "
                              f"{sorted(got) if isinstance(got, dict) else type(got).__name__}")
     for key in ("prompt_tokens", "cached_tokens"):
         if got[key] != want[key]:
-            raise AssertionError(f"{key}: {got[key]}, expected {want[key]} (the sum over the outputs)")
+            raise AssertionError(f"{USAGE}: {key}: {got[key]}, expected {want[key]} (the sum over the outputs)")
     if got["computed_tokens"] != truth:
         mistake = (" : that is every prompt token, cached ones counted as computed (a token found in the prefix "
                    "cache is not run through the model)" if got["computed_tokens"] == want["prompt_tokens"] else "")
-        raise AssertionError(f"computed_tokens: {got['computed_tokens']}, but the engine's step log shows it ran "
+        raise AssertionError(f"{USAGE}: computed_tokens: {got['computed_tokens']}, but the engine's step log shows it ran "
                              f"{truth} prompt tokens{mistake}")
     print(f"✔ check_prompt_usage: {truth} of {want['prompt_tokens']} prompt tokens computed, as the engine counts them")
 
@@ -136,7 +192,8 @@ def _route_cases(rng: random.Random, n: int) -> list[tuple]:
     for i in range(n):
         task = tasks[i % len(tasks)]
         scores = [rng.uniform(-12.0, -0.5) for _ in task.options]
-        cases.append((task, scores, rng.uniform(0.3, 0.99)))
+        tie = i % 10 == 3  # a confidence exactly at the threshold: the contract's ">="
+        cases.append((task, scores, routing.confidence(scores) if tie else rng.uniform(0.3, 0.99)))
     return cases
 
 
@@ -153,11 +210,11 @@ def check_route(fn: Callable, seed: int | None = 0, cases: int = 300) -> None:
     for task, scores, threshold in _route_cases(rng, cases):
         decision = fn(task, list(scores), threshold)
         if decision not in ("small", "target"):
-            raise AssertionError(f"return 'small' or 'target', got {decision!r}")
+            raise AssertionError(f"{_where(ROUTE_PART)}: return 'small' or 'target', got {decision!r}")
         other = dataclasses.replace(task, answer=(task.answer + 1) % len(task.options))
         if fn(other, list(scores), threshold) != decision:
             raise AssertionError(
-                f"{task.prompt!r} {task.options}: your router decided differently when only task.answer changed: it "
+                f"{_where(ROUTE_PART)}: {task.prompt!r} {task.options}: your router decided differently when only task.answer changed: it "
                 "reads the answer, which no router has when it decides (the lab grades with it). Route from the "
                 "small model's scores (and the statement and options) only")
         got.append(decision)
@@ -169,25 +226,31 @@ def check_route(fn: Callable, seed: int | None = 0, cases: int = 300) -> None:
         if flipped == len(got):
             why = ("every decision is the other side: a confident small model (confidence >= threshold) keeps the "
                    "request; a doubtful one sends it to the target")
+        elif all(a == "target" and b == "small" and routing.confidence(c[1]) == c[2]
+                 for a, b, c in zip(got, want, _route_cases(random.Random(seed), len(got))) if a != b):
+            why = ("each differing case has a confidence exactly equal to the threshold: that request stays on the "
+                   "small model (confidence >= threshold, not >)")
         elif got == raw:
             why = ("you thresholded a raw log-probability: the confidence is the probability the small model gives its "
                    "own pick, the largest entry of the softmax over its option scores (between 0 and 1)")
         else:
             why = "the confidence is the largest entry of the softmax over the small model's option scores"
         task, scores, threshold = _route_cases(random.Random(seed), i + 1)[i]
-        raise AssertionError(f"scores {[round(x, 2) for x in scores]}, threshold {threshold:.3f}: your router says "
+        raise AssertionError(f"{_where(ROUTE_PART)}: scores {[round(x, 2) for x in scores]}, threshold "
+                             f"{threshold:.3f}: your router says "
                              f"{got[i]!r}, expected {want[i]!r} (confidence {routing.confidence(scores):.3f}); "
                              f"{flipped} of {len(got)} decisions differ: {why}")
     print(f"✔ check_route: {cases} random cases decided as the reference, and never from the answer")
     learner_parts.submit(ROUTE_PART, fn)
 
 
-def routing_claims(r: dict) -> list[Claim]:
+def routing_claims(r: dict, model: str | None = None) -> list[Claim]:
     """The routing claims: the curve of the learner's router (`curve`, points with cost and kept) against the
     straight line between its endpoints, beside a router that ignores its signal (`random_curve`); with
     `time_point` (a point of the curve) and `routed_walls` (that setting run for real, twice), its time from the
-    per-task times against the measured one."""
-    from lab_utils.checks.claims import need, parts_called
+    per-task times against the measured one. With a random-weight target (`model`) the answers kept are NOT
+    JUDGED: the trade needs a target that answers better than the small model."""
+    from lab_utils.checks.claims import need, parts_called, trained_only
 
     need(r, "curve", "random_curve", "route_calls")
     pts, rnd = r["curve"], r["random_curve"]
@@ -207,21 +270,21 @@ def routing_claims(r: dict) -> list[Claim]:
             f"{ROUTED_TIME_BOUND:.0%})", {"routed": err}, {"routed": (max(walls) - min(walls)) / mean},
             ROUTED_TIME_BOUND, "rerun the routing cells on a quieter machine")]
     return [
-        (f"measured: always small costs {small.cost:.0%} of always target's compute and keeps {small.kept:.0%} of its "
-         f"answers (both endpoints measured in this run): routing has something to trade",
-         small.cost < full.cost and small.kept < full.kept),
-        (f"measured: your router's curve lies above the straight line between the endpoints by {area:+.3f} answers "
-         f"kept on average over the cost range (best setting {best:+.3f}; bar {AREA_BAR}); a router that ignores "
-         f"its signal: {area_rnd:+.3f}", area >= AREA_BAR),
+        trained_only((f"measured: always small costs {small.cost:.0%} of always target's compute and keeps "
+                      f"{small.kept:.0%} of its answers (both endpoints measured in this run): routing has something "
+                      "to trade", small.cost < full.cost and small.kept < full.kept), model),
+        trained_only((f"measured: your router's curve lies above the straight line between the endpoints by "
+                      f"{area:+.3f} answers kept on average over the cost range (best setting {best:+.3f}; bar "
+                      f"{AREA_BAR}); a router that ignores its signal: {area_rnd:+.3f}", area >= AREA_BAR), model),
         parts_called("the routing curve", r["route_calls"], [ROUTE_PART]),
     ] + timed
 
 
-def contexts_claims(r: dict) -> list[Claim]:
+def contexts_claims(r: dict, model: str | None = None) -> list[Claim]:
     """The shorter-context claims, from `lab_utils.efficiency.contexts.summary`: prompt tokens per variant, answers
     kept (agreement with the target's greedy answer under the full history), the compressor's budgets and
     whole-word verdicts, per-round first-token times (the compressor's with its scoring pass)."""
-    from lab_utils.checks.claims import need
+    from lab_utils.checks.claims import need, trained_only
     from lab_utils.checks.timing import judge, ratios
 
     need(r, "turns", "k", "tokens", "kept", "budgets", "compressed_sizes", "whole_words", "ttft_s", "scoring_tokens")
@@ -243,8 +306,10 @@ def contexts_claims(r: dict) -> list[Claim]:
               "full prefill", ratios(t["compressed"], t["full"]), 1.0, "rerun the timing cell on a quieter machine"),
         (f"measured: the check agrees with generation: under the full history the target's most likely tokens are "
          f"its own greedy answer's first {k} on {kept['full']:.0%} of the turns (or a near-tie)", kept["full"] == 1.0),
-        ("measured, not assumed: every shorter context lost answers (kept: "
-         + ", ".join(f"{v} {x:.0%}" for v, x in shorter.items()) + ")", max(shorter.values()) < 1.0),
+        # a random-weight target's answers barely depend on the context: whether they change says nothing
+        trained_only(("measured, not assumed: every shorter context lost answers (kept: "
+                      + ", ".join(f"{v} {x:.0%}" for v, x in shorter.items()) + ")", max(shorter.values()) < 1.0),
+                     model),
     ]
 
 
@@ -279,8 +344,8 @@ def claims(r: dict) -> list[Claim]:
          r["usage_computed"] == fan),
         parts_called("the fan-out", r["calls"], [FAN_OUT_PART]),
     ]
-    out += routing_claims(r["routing"]) if "routing" in r else []
-    return out + (contexts_claims(r["contexts"]) if "contexts" in r else [])
+    out += routing_claims(r["routing"], r.get("model")) if "routing" in r else []
+    return out + (contexts_claims(r["contexts"], r.get("model")) if "contexts" in r else [])
 
 
 def assert_claims(r: dict, show: bool = True) -> None:

@@ -14,7 +14,7 @@ def learner_dir(tmp_path, monkeypatch):
 
 
 def test_reference_fan_out_passes_and_is_saved(capsys, learner_dir):
-    lab15.check_fan_out(fanout.fan_out, trials=1)
+    lab15.check_fan_out(fanout.fan_out, trials=3)  # the notebook's three: one chunked, two with a stop token
     assert "✔ check_fan_out" in capsys.readouterr().out
     assert "def fan_out(" in (learner_dir / "efficiency.py").read_text()
 
@@ -26,6 +26,45 @@ def reversed_order(engine, prompts, params):
 def not_finished(engine, prompts, params):
     ids = [engine.add_request(p, params) for p in prompts]
     return [o for o in engine.step() if o.request_id in ids]
+
+
+def first_to_completion(engine, prompts, params):  # the first finished before the others are sent
+    first = engine.generate([prompts[0]], params)
+    return first + engine.generate(list(prompts[1:]), params)
+
+
+def step_once(engine, prompts, params):  # one step after the first: enough only when its prompt fits a step
+    first = engine.add_request(prompts[0], params)
+    done = {o.request_id: o for o in engine.step() if o.finished}
+    ids = [first] + [engine.add_request(p, params) for p in prompts[1:]]
+    return fanout.run_until_done(engine, ids, done)
+
+
+def finish_order(engine, prompts, params):  # the outputs as they finish
+    first = engine.add_request(prompts[0], params)
+    done = []
+    while not any(o.request_id == first for o in engine.step()):
+        pass
+    ids = [first] + [engine.add_request(p, params) for p in prompts[1:]]
+    while len(done) < len(ids):
+        done += [o for o in engine.step() if o.finished and o.request_id in ids]
+    return done
+
+
+@pytest.mark.parametrize("wrong, message, trials", [
+    (first_to_completion, "ran in no engine step with another sub-task", 1),
+    (finish_order, "a later sub-task finished first", 1),
+    (step_once, "its prompt can take several steps of 48 tokens", 2),
+])
+def test_fan_outs_that_break_the_contract_in_a_corner_are_named(wrong, message, trials):
+    with pytest.raises(AssertionError) as err:
+        lab15.check_fan_out(wrong, trials=trials)
+    msg = str(err.value)
+    assert "efficiency.fan_out (lab 15, my_engine/efficiency.py)" in msg and message in msg, msg
+
+
+def test_a_fan_out_that_steps_once_passes_when_every_prompt_fits_a_step():
+    lab15.check_fan_out(step_once, trials=1)  # the first trial's prompts fit the budget: stepping once is enough
 
 
 @pytest.mark.parametrize("wrong, message", [
@@ -77,6 +116,12 @@ def _reads_the_answer(task, scores, threshold):
     return "small" if max(range(len(scores)), key=scores.__getitem__) == task.answer else "target"
 
 
+def _confidence(scores):
+    from lab_utils.efficiency.routing import confidence
+
+    return confidence(scores)
+
+
 def _raw_logprob(task, scores, threshold):
     return "small" if max(scores) >= threshold else "target"
 
@@ -86,7 +131,9 @@ def _raw_logprob(task, scores, threshold):
     (_reads_the_answer, "reads the answer"),
     (_raw_logprob, "raw log-probability"),
     (lambda task, scores, threshold: True, "'small' or 'target'"),
+    (lambda task, scores, threshold: "small" if _confidence(scores) > threshold else "target", "not >"),
 ])
 def test_wrong_routers_are_named(wrong, message):
-    with pytest.raises(AssertionError, match=message):
+    with pytest.raises(AssertionError, match=message) as err:
         lab15.check_route(wrong)
+    assert "efficiency.route (lab 15, my_engine/efficiency.py)" in str(err.value)
