@@ -51,3 +51,32 @@ def available() -> bool:
 def device() -> str:
     """Where kernels run: "cuda" when compiled, "cpu" under the interpreter."""
     return "cpu" if interpreted() or not _cuda() else "cuda"
+
+
+class _NoTriton:
+    """Stands in for `triton.language` without Triton: a kernel's annotations (`tl.constexpr`) still evaluate,
+    so the lab's cells define their kernels; launching one says why it cannot run."""
+
+    constexpr = "constexpr"
+
+    def __getattr__(self, name: str):
+        raise RuntimeError(load()[1])
+
+
+class _Unlaunchable:
+    def __init__(self, fn, why: str) -> None:
+        self.fn, self.why = fn, why
+
+    def __getitem__(self, grid):
+        raise RuntimeError(self.why)
+
+
+def api():
+    """(`triton.jit`, `triton.language`) for a lab's kernel cells; without Triton, stand-ins that define kernels
+    and refuse to launch them (the checks print "skipped: needs triton" first)."""
+    triton, why = load()
+    if triton is None:
+        return (lambda fn: _Unlaunchable(fn, why)), _NoTriton()
+    import triton.language as tl
+
+    return triton.jit, tl
