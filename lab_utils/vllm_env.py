@@ -66,11 +66,18 @@ def _probe() -> tuple[bool, str]:
     return True, f"vllm {vllm.__version__}"
 
 
-def available() -> tuple[bool, str]:
+def available(model: str | None = None) -> tuple[bool, str]:
     """(True, "vllm <version>") or (False, why). Imports vLLM once (~5-15 s on a cold CPU). `LAB_VLLM=0` in the
-    environment turns vLLM off (CI's bf16 rehearsal of the labs runs the lab engine's half only)."""
+    environment turns vLLM off (CI's bf16 rehearsal of the labs runs the lab engine's half only). `model`, the one
+    vLLM would serve: a random-weight model has no folder of weights for vLLM to load, so vLLM is off for it."""
     if os.environ.get("LAB_VLLM", "1") == "0":
         return False, "vLLM turned off here (LAB_VLLM=0)"
+    if model is not None:
+        from lab_utils.models.registry import REGISTRY
+
+        spec = REGISTRY.get(str(model))
+        if spec is not None and spec.kind == "random":
+            return False, f"{model} has random weights and no folder of weights for vLLM to load"
     return _probe()
 
 

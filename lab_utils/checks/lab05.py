@@ -413,8 +413,9 @@ def claims(r: dict) -> list[Claim]:
     """Lab 05's claims from the run's measurements `r` (built in the notebook's claims cell).
 
     `ppl`: perplexity per configuration label; `kv_ppl`: perplexity per KV format; `kv_tokens`: tokens per KV format
-    in the budget (arithmetic, so its claim is labelled a check of the model)."""
-    from lab_utils.checks.claims import need
+    in the budget (arithmetic, so its claim is labelled a check of the model); `model`: the lab's MODEL (with random
+    weights the perplexity orderings are NOT JUDGED: they say how a trained model degrades)."""
+    from lab_utils.checks.claims import need, trained_only
 
     need(r, "ppl", "fp32_ppl", "qat_label", "qat_losses", "qat_steps", "stored_int8_ppl", "saved8", "saved4",
          "int8_share", "int4_share", "kv_ppl", "kv_tokens", "kv_budget_gib", "engine_parts")
@@ -422,22 +423,29 @@ def claims(r: dict) -> list[Claim]:
     qat, ptq, losses = p["QAT " + q], p[q], r["qat_losses"]
     int8_gap = p["int8 per-channel"] / f32 - 1
     kv, kt = r["kv_ppl"], r["kv_tokens"]
+
+    def trained(claim: Claim) -> Claim:
+        return trained_only(claim, r.get("model"))
+
     out = [
-        (f"INT8 per-channel weights: perplexity within 5% of FP32 (measured {int8_gap:+.2%})", int8_gap < 0.05),
-        (f"per-channel beats per-tensor INT8: {p['int8 per-channel']:.2f} vs {p['int8 per-tensor']:.2f}",
-         p["int8 per-tensor"] > p["int8 per-channel"]),
-        (f"finer INT4 groups help: per-channel {p['int4 per-channel']:.1f} > g64 {p['int4 g64']:.1f} > g32 "
-         f"{p['int4 g32']:.1f}", p["int4 g32"] < p["int4 g64"] < p["int4 per-channel"]),
-        (f"static per-tensor INT8 activations cost more than INT8 weights alone: "
-         f"{p['int8 per-channel A:int8']:.1f} vs {p['int8 per-channel']:.2f}",
-         p["int8 per-channel A:int8"] > p["int8 per-channel"]),
-        (f"QAT beats PTQ at {q} after {r['qat_steps']} steps: {qat:.2f} vs {ptq:.2f} (FP32 {f32:.2f})", qat < ptq),
+        trained((f"INT8 per-channel weights: perplexity within 5% of FP32 (measured {int8_gap:+.2%})",
+                 int8_gap < 0.05)),
+        trained((f"per-channel beats per-tensor INT8: {p['int8 per-channel']:.2f} vs {p['int8 per-tensor']:.2f}",
+                 p["int8 per-tensor"] > p["int8 per-channel"])),
+        trained((f"finer INT4 groups help: per-channel {p['int4 per-channel']:.1f} > g64 {p['int4 g64']:.1f} > g32 "
+                 f"{p['int4 g32']:.1f}", p["int4 g32"] < p["int4 g64"] < p["int4 per-channel"])),
+        trained((f"static per-tensor INT8 activations cost more than INT8 weights alone: "
+                 f"{p['int8 per-channel A:int8']:.1f} vs {p['int8 per-channel']:.2f}",
+                 p["int8 per-channel A:int8"] > p["int8 per-channel"])),
+        trained((f"QAT beats PTQ at {q} after {r['qat_steps']} steps: {qat:.2f} vs {ptq:.2f} (FP32 {f32:.2f})",
+                 qat < ptq)),
+        # judged on any weights: distillation towards any teacher lowers its loss
         (f"QAT's distillation loss falls ({sum(losses[:2]) / 2:.3f} -> {sum(losses[-2:]) / 2:.3f}, first vs last 2 "
          "steps)", len(losses) >= 2 and sum(losses[-2:]) < sum(losses[:2])),
     ]
     if "GPTQ int4 g64" in p:
-        out.append((f"GPTQ beats round-to-nearest at INT4 g64: {p['GPTQ int4 g64']:.2f} vs {p['int4 g64']:.2f}",
-                    p["GPTQ int4 g64"] < p["int4 g64"]))
+        out.append(trained((f"GPTQ beats round-to-nearest at INT4 g64: {p['GPTQ int4 g64']:.2f} vs "
+                            f"{p['int4 g64']:.2f}", p["GPTQ int4 g64"] < p["int4 g64"])))
     out += [
         (f"the engine ran your parts ({', '.join(sorted(r['engine_parts'])) or 'none'}): its INT8 and INT4 "
          "linears quantized by your functions, INT4 weights dequantized by yours in every forward, its FP8 KV cache "
@@ -448,10 +456,10 @@ def claims(r: dict) -> list[Claim]:
         (f"stored INT8 saves {r['saved8']:.1%} of the linear layers' FP32 bytes (> 74%), INT4 g64 {r['saved4']:.1%} "
          f"(> 85%); whole model {r['int8_share']:.0%} / {r['int4_share']:.0%} of FP32 (embeddings stay FP32)",
          r["saved8"] > 0.74 and r["saved4"] > 0.85),
-        (f"FP8 E4M3 KV cache: perplexity within 5% of FP32 (measured {kv['fp8_e4m3'] / f32 - 1:+.2%})",
-         kv["fp8_e4m3"] / f32 - 1 < 0.05),
-        (f"per-vector INT8 KV is at least as accurate as FP8 E4M3: {kv['int8']:.3f} vs {kv['fp8_e4m3']:.3f}",
-         kv["int8"] <= kv["fp8_e4m3"] * 1.01),
+        trained((f"FP8 E4M3 KV cache: perplexity within 5% of FP32 (measured {kv['fp8_e4m3'] / f32 - 1:+.2%})",
+                 kv["fp8_e4m3"] / f32 - 1 < 0.05)),
+        trained((f"per-vector INT8 KV is at least as accurate as FP8 E4M3: {kv['int8']:.3f} vs {kv['fp8_e4m3']:.3f}",
+                 kv["int8"] <= kv["fp8_e4m3"] * 1.01)),
         (f"check of the model (byte arithmetic, not a measurement): in {r['kv_budget_gib']} GiB an FP8 KV cache holds "
          f"{kt['fp8_e4m3'] / kt['fp32']:.2f}x the tokens of FP32 and {kt['fp8_e4m3'] / kt['bf16']:.2f}x those of "
          "BF16, the precision a GPU serves in",

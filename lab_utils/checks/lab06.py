@@ -78,8 +78,9 @@ def check_kd_loss(fn: KDLoss, seed: int | None = None) -> None:
 
 
 def claims(r: dict) -> list[Claim]:
-    """Lab 06's claims from the run's measurements `r` (built in the notebook's claims cell)."""
-    from lab_utils.checks.claims import need
+    """Lab 06's claims from the run's measurements `r` (built in the notebook's claims cell). With a random-weight
+    teacher (`model`, the lab's MODEL) agreement and perplexity say nothing of distillation: NOT JUDGED."""
+    from lab_utils.checks.claims import need, trained_only
 
     need(r, "live_losses", "agreement", "draft_params", "teacher_params", "draft_mb", "cost_ratio", "ppl")
     losses, a, ppl = list(r["live_losses"]), r["agreement"], r["ppl"]
@@ -89,15 +90,17 @@ def claims(r: dict) -> list[Claim]:
     return [
         (f"live distillation: the KD loss falls ({first:.3f} -> {last:.3f}, first vs last quarter of "
          f"{len(losses)} steps)", len(losses) >= 2 and last < first),
-        (f"the distilled draft agrees with the teacher on {a_d:.1%} of held-out generated tokens (>= 12%) and >= 4x "
-         f"an untrained model of the same size ({a_u:.1%})", a_d >= 0.12 and a_d >= 4 * max(a_u, 0.01)),
+        trained_only((f"the distilled draft agrees with the teacher on {a_d:.1%} of held-out generated tokens (>= 12%) "
+                      f"and >= 4x an untrained model of the same size ({a_u:.1%})",
+                      a_d >= 0.12 and a_d >= 4 * max(a_u, 0.01)), r.get("model")),
         (f"the shipped draft is tiny: {r['draft_params'] / 1e6:.1f} M parameters vs {r['teacher_params'] / 1e6:.0f} M "
          f"(< 1/10), {r['draft_mb']:.1f} MB fp16 (< 20 MB)",
          r["draft_params"] * 10 < r["teacher_params"] and r["draft_mb"] < 20),
         (f"the draft is >= 5x cheaper per decode step at batch 1 (measured {r['cost_ratio']:.1f}x)",
          r["cost_ratio"] >= 5),
-        (f"held-out perplexity: teacher {ppl['teacher']:.1f} < draft {ppl['draft']:.1f} < 1/20 of untrained "
-         f"{ppl['untrained']:,.0f}", ppl["teacher"] < ppl["draft"] < 0.05 * ppl["untrained"]),
+        trained_only((f"held-out perplexity: teacher {ppl['teacher']:.1f} < draft {ppl['draft']:.1f} < 1/20 of "
+                      f"untrained {ppl['untrained']:,.0f}", ppl["teacher"] < ppl["draft"] < 0.05 * ppl["untrained"]),
+                     r.get("model")),
     ]
 
 

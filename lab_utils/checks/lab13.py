@@ -93,8 +93,10 @@ def check_mask_step(apply_fn: Callable, advance_fn: Callable, seed: int | None =
 
 # ------------------------------------------------------------------------------------------ claims
 def claims(r: dict) -> list[Claim]:
-    """Lab 13's claims from the run's measurements `r` (built in the notebook's claims cell)."""
-    from lab_utils.checks.claims import need
+    """Lab 13's claims from the run's measurements `r` (built in the notebook's claims cell). With random weights
+    (`model`, the lab's MODEL) the valid rates are NOT JUDGED: a random model inside a grammar can spend its whole
+    token budget in one string, and ignores the prompt's instructions."""
+    from lab_utils.checks.claims import need, trained_only
     from lab_utils.checks.timing import judge
 
     need(r, "num_tasks", "prompt_valid_rate", "constrained_valid_rate", "yours_same_as_reference",
@@ -104,10 +106,11 @@ def claims(r: dict) -> list[Claim]:
     m = r["mixed_over_free_throughput"]  # per-round ratios of interleaved runs (one float: one round)
     rounds = [float(x) for x in m] if isinstance(m, (list, tuple)) else [float(m)]
     out = [
-        (f"check of the implementation: with the grammar, {r['constrained_valid_rate']:.0%} of "
-         f"{r['num_tasks']} outputs are schema-valid (must be 100%)", r["constrained_valid_rate"] == 1.0),
-        (f"the prompt alone gives fewer valid outputs ({r['prompt_valid_rate']:.0%}) than the grammar",
-         r["prompt_valid_rate"] < r["constrained_valid_rate"]),
+        trained_only((f"check of the implementation: with the grammar, {r['constrained_valid_rate']:.0%} of "
+                      f"{r['num_tasks']} outputs are schema-valid (must be 100%)", r["constrained_valid_rate"] == 1.0),
+                     r.get("model")),
+        trained_only((f"the prompt alone gives fewer valid outputs ({r['prompt_valid_rate']:.0%}) than the grammar",
+                      r["prompt_valid_rate"] < r["constrained_valid_rate"]), r.get("model")),
         ("the engine with your mask step produced exactly the reference engine's tokens",
          bool(r["yours_same_as_reference"])),
         ("unconstrained requests beside constrained ones are token-identical to a run with no constrained "

@@ -81,6 +81,15 @@ def model_folder(name_or_path: str) -> Path:
     return folder
 
 
+def tokenizer_folder(name_or_path: str) -> Path:
+    """The folder of a model's tokenizer: a random-weight model's is its `tokenizer_from` (it has no folder of
+    its own), any other model's is its own folder."""
+    spec, _ = lookup(str(name_or_path))
+    if spec is not None and spec.kind == "random":
+        return model_folder(spec.tokenizer_from)
+    return model_folder(name_or_path)
+
+
 def load_model(
     name_or_path: str = "smollm2-135m",
     device: str | torch.device = "auto",

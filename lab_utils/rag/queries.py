@@ -81,7 +81,8 @@ def build_queries(
 
 
 class TokenCounter:
-    """Counts tokens with SmolLM2's tokenizer (no special tokens), loaded lazily from the prepared folder."""
+    """Counts tokens with SmolLM2's tokenizer (no special tokens), loaded lazily from the committed copy of it
+    (`SMOLLM2_TOKENIZER`: SmolLM2's own files, so counting needs no prepared model and works beside random weights)."""
 
     def __init__(self, tokenizer=None):
         self._tok = tokenizer
@@ -90,9 +91,10 @@ class TokenCounter:
     def tokenizer(self):
         if self._tok is None:
             from lab_utils.models.loader import model_folder
+            from lab_utils.models.registry import SMOLLM2_TOKENIZER
             from lab_utils.models.tokenizer import load_tokenizer
 
-            self._tok = load_tokenizer(model_folder("smollm2-135m"))
+            self._tok = load_tokenizer(model_folder(SMOLLM2_TOKENIZER))
         return self._tok
 
     def __call__(self, texts: Sequence[str]) -> list[int]:

@@ -84,11 +84,29 @@ MODELS: dict[str, ModelSpec] = {
 }
 
 
+def _random_weight_spec(name: str) -> ModelSpec | None:
+    """A random-weight model of the course (`smollm2-135m-random`, ...) costs what its shape costs: the same
+    bytes and FLOPs per step as the trained model of that shape (bytes per value from it, else fp32 as the lab)."""
+    from types import SimpleNamespace
+
+    from lab_utils.models.registry import REGISTRY
+
+    reg = REGISTRY.get(name)
+    if reg is None or reg.kind != "random" or reg.config is None:
+        return None
+    base = MODELS.get(name.removesuffix("-random"))
+    return ModelSpec.from_config(name, SimpleNamespace(**reg.config), base.dtype_bytes if base else 4)
+
+
 def model_spec(name: str, dtype: str | None = None) -> ModelSpec:
-    """A named model's shape; `dtype` ("fp16", "fp8", ...) overrides the weights' (and KV's) bytes per value."""
-    if name not in MODELS:
-        raise ValueError(f"unknown model {name!r}: choose one of {sorted(MODELS)} or build a ModelSpec(...)")
-    spec = MODELS[name]
+    """A named model's shape; `dtype` ("fp16", "fp8", ...) overrides the weights' (and KV's) bytes per value.
+    Random-weight names of the model registry (`smollm2-135m-random`) give their shape."""
+    spec = MODELS.get(name) or _random_weight_spec(name)
+    if spec is None:
+        from lab_utils.models.registry import REGISTRY
+
+        randoms = sorted(n for n, r in REGISTRY.items() if r.kind == "random")
+        raise ValueError(f"unknown model {name!r}: choose one of {sorted(MODELS) + randoms} or build a ModelSpec(...)")
     if dtype is not None:
         if dtype not in DTYPE_BYTES:
             raise ValueError(f"dtype={dtype!r} is invalid: must be one of {sorted(DTYPE_BYTES)}")
