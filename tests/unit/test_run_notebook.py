@@ -36,3 +36,33 @@ def test_a_failing_cell_fails_with_its_number(tmp_path):
                        ("raise ValueError('boom')", [])])
     r = _run(p)
     assert r.returncode == 1 and "at cell 2" in r.stderr and "boom" in r.stderr
+
+
+def test_cells_run_beside_the_notebook_and_their_functions_have_source(tmp_path):
+    """As in Jupyter: the notebook's folder is the working directory (the labs save the learner's parts beside
+    themselves), and `inspect.getsource` reads a function defined in a cell (the checks save it by its source)."""
+    p = _nb(tmp_path, [("x = 1", ["parameters"]),
+                       ("import inspect, os\ndef part(a):\n    return a + 1\n"
+                        "print('cwd', os.getcwd())\nprint('src', inspect.getsource(part).splitlines()[0])", [])])
+    r = subprocess.run([sys.executable, str(SCRIPT), str(p)], capture_output=True, text=True, timeout=120,
+                       cwd=REPO_ROOT)
+    assert r.returncode == 0, r.stderr
+    assert f"cwd {tmp_path}" in r.stdout and "src def part(a):" in r.stdout
+
+
+def test_the_report_names_the_failing_cell_the_engines_fast_paths_and_their_fallbacks(tmp_path):
+    engine = ("from lab_utils import EngineConfig, LLMEngine, SamplingParams, load_model\n"
+              "eng = LLMEngine(load_model('tiny-random', device='cpu'), EngineConfig(kv_cache_memory_bytes=8 << 20),"
+              " device='cpu')\n"
+              "eng.generate([[5, 6, 7]], SamplingParams(max_tokens=2))\n"
+              "eng.runner.fast_path_errors['flex'] = 'LoweringException: injected'\n")
+    p = _nb(tmp_path, [("x = 1", ["parameters"]), (engine, []), ("del eng\nraise ValueError('boom')", [])])
+    out = tmp_path / "report.json"
+    r = subprocess.run([sys.executable, str(SCRIPT), str(p), "--report", str(out)], capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 1
+    rep = json.loads(out.read_text())
+    assert rep["passed"] is False and rep["failed_cell"] == 2 and rep["error"] == "ValueError: boom"
+    assert set(rep["cells"]) == {"0", "1"} and rep["engines"] == 1  # the engine deleted in cell 2 is still counted
+    assert rep["fast_paths"] and rep["fallbacks"] == ["flex: LoweringException: injected"]
+    assert rep["peak_gpu_mib"] is None  # no CUDA here
