@@ -26,7 +26,7 @@ import types
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from lab_utils.checks import part_calls
+from lab_utils.checks import part_calls, part_cases
 from lab_utils.checks.part_calls import Call, result_view
 from lab_utils.checks.part_mistakes import MISTAKES, Diagnoser, Evidence, diagnose
 from lab_utils.checks.part_states import first_difference, full_decode_pool, random_state, settings, snapshot
@@ -164,14 +164,17 @@ class PartCheck:
     """How `check_part` checks one part. A part of the scheduler or its block pool: `args` draws one call's
     arguments from a random state (`part_calls`), `snapshot` is what the call may change, `diagnosers` are its
     known mistakes, `accept` the engine's guard on its result, `fixed` hand-built states (what it shows, a builder
-    given the part's name) checked before the random ones. A plain function: `cases` runs its own random cases,
-    `(fn, trials, seed) -> number of cases`."""
+    given the part's name) checked before the random ones; `hand_built` the lab's own cases (`part_cases`: each
+    a state and the call on it) and `precheck(fn, where, seed)` a direct check of its result, both run first. A
+    plain function: `cases` runs its own random cases, `(fn, trials, seed) -> number of cases`."""
     args: Callable[[Scheduler, random.Random], Call | None] | None = None
     snapshot: Callable[[Scheduler], dict] = snapshot
     diagnosers: tuple[Diagnoser, ...] = ()
     accept: Callable[[Scheduler, object, str], None] | None = None
     cases: Callable[[Callable, int, int], int] | None = None
     fixed: tuple[tuple[str, Callable[[str], Scheduler]], ...] = ()
+    hand_built: Callable[[], list[part_cases.Case]] | None = None
+    precheck: Callable[[Callable, str, int], None] | None = None
 
 
 _PREEMPTING_STEP = (("a decode step in a full pool, where making room for the oldest request preempts the newest",
@@ -180,18 +183,21 @@ _PREEMPTING_STEP = (("a decode step in a full pool, where making room for the ol
 
 PART_CHECKS: dict[str, PartCheck] = {
     **{name: PartCheck(args=args, diagnosers=MISTAKES.get(name, ()), accept=accept,
-                       fixed=_PREEMPTING_STEP if accept is _step_accepted else ()) for name, args, accept in [
-        ("scheduler.schedule_continuous", part_calls.step_args, _step_accepted),
-        ("scheduler.schedule_token_budget", part_calls.step_args, _step_accepted),
-        ("scheduler.make_room", part_calls.make_room_args, None),
-        ("scheduler.preempt", part_calls.preempt_args, None),
-        ("block_manager.grow", part_calls.grow_args, None),
-        ("block_manager.release", part_calls.release_args, None),
-        ("block_manager.hash_block", part_calls.hash_block_args, None),
-        ("block_manager.commit_full_blocks", part_calls.commit_full_blocks_args, None),
-        ("block_manager.match_prefix", part_calls.match_prefix_args, None),
-        ("block_manager.recycle", part_calls.recycle_args, None),
-        ("block_manager.evict", part_calls.evict_args, None),
+                       fixed=_PREEMPTING_STEP if accept is _step_accepted else (), hand_built=hand_built,
+                       precheck=precheck) for name, args, accept, hand_built, precheck in [
+        ("scheduler.schedule_continuous", part_calls.step_args, _step_accepted, None, None),
+        ("scheduler.schedule_token_budget", part_calls.step_args, _step_accepted, part_cases.token_budget_steps,
+         None),
+        ("scheduler.make_room", part_calls.make_room_args, None, None, None),
+        ("scheduler.preempt", part_calls.preempt_args, None, None, None),
+        ("block_manager.grow", part_calls.grow_args, None, None, None),
+        ("block_manager.release", part_calls.release_args, None, None, None),
+        ("block_manager.hash_block", part_calls.hash_block_args, None, None, part_cases.hash_block_precheck),
+        ("block_manager.commit_full_blocks", part_calls.commit_full_blocks_args, None,
+         part_cases.commit_full_blocks_cases, None),
+        ("block_manager.match_prefix", part_calls.match_prefix_args, None, part_cases.match_prefix_cases, None),
+        ("block_manager.recycle", part_calls.recycle_args, None, part_cases.recycle_cases, None),
+        ("block_manager.evict", part_calls.evict_args, None, part_cases.evict_cases, None),
     ]},
     "engine.stop_reason": PartCheck(cases=_stop_reason_cases),
     "attention.slot_mapping": PartCheck(cases=_slot_mapping_cases),
@@ -275,6 +281,10 @@ def check_part(name: str, fn: Callable, trials: int = 150, seed: int = 0) -> int
     (`settings`). Returns the number of cases."""
     check_signature(name, fn)
     check = PART_CHECKS[name]
+    if check.precheck is not None:
+        check.precheck(fn, where(name), seed)
+    for what, state, call in (check.hand_built() if check.hand_built is not None else ()):
+        compare_call(name, fn, state, call, what)
     if check.cases is not None:
         return check.cases(fn, trials, seed)
     cases, kinds = 0, settings(name)
@@ -293,16 +303,8 @@ def check_part(name: str, fn: Callable, trials: int = 150, seed: int = 0) -> int
 
 # -- the real engine with the learner's parts -----------------------------------------------------------
 def _lab_check(name: str) -> Callable[[Callable], None]:
-    """How the lab that teaches part `name` checks it (its hand-built cases too), without saving it."""
-    from lab_utils.checks import lab03, lab04
-
-    special = {"scheduler.schedule_token_budget": lab03.check_schedule_token_budget,
-               "block_manager.hash_block": lab04.check_hash_block,
-               "block_manager.match_prefix": lab04.check_match_prefix,
-               "block_manager.commit_full_blocks": lab04.check_commit_full_blocks,
-               "block_manager.recycle": lab04.check_recycle, "block_manager.evict": lab04.check_evict}
-    if name in special:
-        return lambda fn: special[name](fn, submit=False)
+    """How the lab that teaches part `name` checks it (its hand-built cases too: `PART_CHECKS`), without saving
+    it."""
     return lambda fn: check_part(name, fn)
 
 

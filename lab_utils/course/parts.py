@@ -209,7 +209,16 @@ def _guarded(name: str, fn: Callable, calls: Counter | None = None) -> Callable:
             raise LearnerPartError(f"your {name} raised {type(err).__name__}: {err}") from err
 
     call.__learner_part__ = name
+    call.__part_label__ = part_label(name)  # how the engine's invariants name it in a message
     return call
+
+
+def part_label(name: str) -> str:
+    """A learner's part in messages: its name, its lab and the file it is saved in."""
+    from lab_utils.course.learner_parts import learner_dir
+
+    part = PARTS[name]
+    return f"your {name} (lab {part.lab}, {learner_dir().name}/{part.component}.py)"
 
 
 class EngineParts:
@@ -240,7 +249,7 @@ class EngineParts:
 
     def subclass(self, base: type, component: str) -> type:
         """`base` itself, or a subclass of it whose methods are the learner's parts for `component`. With any
-        learner part in the engine the class also runs its guards (`guarded`: e.g. the scheduler checks every
+        learner part in the engine the class also runs the engine's invariants (`guarded`: e.g. the scheduler checks every
         step a policy returns, since a learner's allocator can break what a reference policy relies on)."""
         methods = {PARTS[n].attr: _guarded(n, fn, self.calls) for n, fn in self.overrides.items()
                    if PARTS[n].component == component}
@@ -275,3 +284,5 @@ class EngineParts:
 
     def __repr__(self) -> str:
         return f"EngineParts({sorted(self.overrides)})"
+
+

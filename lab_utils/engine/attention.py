@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from lab_utils.engine.invariants import checked_slots
 from lab_utils.engine.kv.kv_cache import KVCache
 from lab_utils.engine.kv.paging import slot
 
@@ -87,8 +88,6 @@ class AttentionMetadata:
         if slots_fn is None:
             slot_mapping = all_slots[b_idx, qpos[b_idx, j_idx]]
         else:
-            from lab_utils.course.guards import checked_slots
-
             slot_mapping = checked_slots(slots_fn(block_tables, context_lens, query_lens, block_size),
                                          all_slots[b_idx, qpos[b_idx, j_idx]], block_tables, context_lens,
                                          query_lens)

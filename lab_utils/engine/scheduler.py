@@ -12,7 +12,7 @@ When blocks run out, the newest running request is preempted (recompute: drop it
 
 The methods a learner rewrites (`schedule_continuous`, `make_room`, `preempt`, `schedule_token_budget`) are the
 parts named in `lab_utils.course.parts`; with a learner part in the engine, `schedule()` checks whatever a policy returns before the engine runs it
-(`lab_utils.course.guards`), so a wrong policy fails with a message that names the mistake, not deep inside the
+(`lab_utils.engine.invariants`), so a wrong policy fails with a message that names the mistake, not deep inside the
 model.
 """
 from __future__ import annotations
@@ -20,9 +20,10 @@ from __future__ import annotations
 from collections import deque
 from typing import Callable
 
-from lab_utils.engine.replaceable import LearnerPartError
-from lab_utils.engine.kv.block_manager import BlockManager
+from lab_utils.engine import invariants
 from lab_utils.engine.config import EngineConfig
+from lab_utils.engine.kv.block_manager import BlockManager
+from lab_utils.engine.replaceable import LearnerPartError
 from lab_utils.engine.request import Request, Status
 from lab_utils.engine.scheduling import chunked_prefill, continuous, static
 from lab_utils.engine.scheduling.output import SchedulerOutput
@@ -30,7 +31,7 @@ from lab_utils.engine.scheduling.output import SchedulerOutput
 
 class Scheduler:
     # True when learner parts run in this engine: every step a policy returns is checked before the model runs it
-    # (`lab_utils.course.guards`); the course's `EngineParts.subclass` sets it
+    # (`lab_utils.engine.invariants`); the course's `EngineParts.subclass` sets it
     guarded = False
 
     def __init__(self, config: EngineConfig, block_manager: BlockManager,
@@ -62,10 +63,8 @@ class Scheduler:
                   "token_budget": self.schedule_token_budget}[self.config.scheduler]
         out = policy()
         if self.guarded:
-            from lab_utils.course import guards
-
-            who = guards.policy_name(policy)
-            guards.check_retired(self, who)
+            who = invariants.policy_name(policy)
+            invariants.check_retired(self, who)
             self._check(out, who)
         return out
 
@@ -173,7 +172,5 @@ class Scheduler:
 
     # -- the guard between a policy and the engine -------------------------------------------------
     def _check(self, out: SchedulerOutput, policy: str) -> None:
-        """Everything the model runner relies on (`lab_utils.course.guards.check_step`)."""
-        from lab_utils.course import guards
-
-        guards.check_step(self, out, policy)
+        """Everything the model runner relies on (`invariants.check_step`)."""
+        invariants.check_step(self, out, policy)

@@ -1,5 +1,6 @@
-"""The checks between a part of the engine (a learner's, in the labs) and the rest of it: each refuses a broken
-result with a message that names the rule it broke, before the model runner fails three calls later.
+"""The engine's invariants between a replaced part (a learner's, in the labs) and the rest of the engine: each
+refuses a broken result with a message that names the rule it broke, before the model runner fails three calls
+later. They run only when the engine's `parts` replace something (`guarded` classes, a replaced slot mapping).
 
 - `check_retired`, `check_step`: what a scheduling policy returns, checked on every step (`Scheduler.schedule`);
 - `checked_slots`: a learner's slot mapping (lab 02), compared with the engine's before any K/V is written.
@@ -18,15 +19,9 @@ if TYPE_CHECKING:
 
 
 def policy_name(policy: Callable) -> str:
-    """A policy's name in messages: a learner's step is named with its lab and the file it is saved in."""
-    name = getattr(policy, "__learner_part__", None)
-    if name is None:
-        return policy.__name__
-    from lab_utils.course.learner_parts import learner_dir
-    from lab_utils.course.parts import PARTS
-
-    part = PARTS[name]
-    return f"your {name} (lab {part.lab}, {learner_dir().name}/{part.component}.py)"
+    """A policy's name in messages: a replaced part carries its own (`__part_label__`, set by whoever replaced
+    it: the course names a learner's step with its lab and the file it is saved in)."""
+    return getattr(policy, "__part_label__", None) or policy.__name__
 
 
 def check_retired(scheduler: Scheduler, who: str) -> None:
