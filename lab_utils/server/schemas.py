@@ -40,17 +40,22 @@ LOGIT_BIAS_SCHEMA = {"anyOf": [{"type": "object", "propertyNames": {"pattern": T
                                                          "maximum": MAX_LOGIT_BIAS}}, {"type": "null"}],
                      "default": None, "description": "token id (decimal digits) -> bias in [-100, 100]"}
 # OpenAI fields this server does not implement (top_logprobs on /v1/completions, echo on chat: not fields of those
-# endpoints), with the values that ask for nothing (accepted); any other value is a 400 naming the field, never
-# silently ignored
-NOT_IMPLEMENTED = {"best_of": (1,), "suffix": ("",), "top_logprobs": (0,), "echo": (False,)}
+# endpoints), with the values that ask for nothing (accepted; none: only null is); any other value is a 400 naming
+# the field, never silently ignored
+NOT_IMPLEMENTED = {"best_of": (1,), "suffix": ("",), "top_logprobs": (0,), "echo": (False,),
+                   "functions": (), "function_call": (), "modalities": (["text"],), "audio": (), "prediction": (),
+                   "web_search_options": (), "service_tier": ("auto", "default"), "reasoning_effort": ("none",),
+                   "store": (False,), "verbosity": (), "moderation": (), "prompt_cache_options": (),
+                   "prompt_cache_retention": ()}
+REFUSAL_HINTS = {"functions": "; describe them as tools instead", "function_call": "; use tool_choice instead"}
 
 
 def _refuse(v, info: ValidationInfo):
-    neutral = NOT_IMPLEMENTED[info.field_name]
-    if v is None or (type(v) is not bool or type(neutral[0]) is bool) and v in neutral:
+    name, neutral = info.field_name, NOT_IMPLEMENTED[info.field_name]
+    if v is None or any(v == n and (type(v) is bool) == (type(n) is bool) for n in neutral):  # 1 is not true
         return None
-    raise ValueError(f"{v!r} is not supported by this server; omit {info.field_name} or send "
-                     f"{json.dumps(neutral[0])}")
+    send = " or send " + " or ".join(json.dumps(n) for n in neutral) if neutral else ""
+    raise ValueError(f"{v!r} is not supported by this server; omit {name}{send}{REFUSAL_HINTS.get(name, '')}")
 
 
 Unsupported = Annotated[Any, BeforeValidator(_refuse)]
@@ -61,7 +66,7 @@ Penalty = Annotated[StrictFloat | None, Field(default=None, ge=PENALTY_RANGE[0],
 # the fields both endpoints take (a comment, not a docstring: pydantic would put a docstring in the schema)
 class CommonFields(BaseModel):
     # strict: a field's value has its JSON type ("1" is not a number, 1 is not true), as the OpenAPI schema says
-    model_config = ConfigDict(extra="ignore", strict=True)  # clients send fields this server does not use (user)
+    model_config = ConfigDict(extra="ignore", strict=True)  # other clients' extension fields
 
     model: str
     max_tokens: json_int(ge=1) | None = Field(default=None, description="capped at the server's --max-tokens-cap")
@@ -88,6 +93,7 @@ class CommonFields(BaseModel):
     min_tokens: json_int(ge=0) | None = Field(default=None, description="at most max_tokens (vLLM's)")
     best_of: Unsupported = None
     suffix: Unsupported = None
+    user: str | None = Field(default=None, description="an end-user id: accepted, asks for no behaviour")
 
     @field_validator("logit_bias", mode="before")
     @classmethod
@@ -136,6 +142,24 @@ class ChatRequest(CommonFields):
     logprobs: bool = False
     top_logprobs: json_int(ge=0, le=20) | None = Field(default=None, description="needs logprobs: true")
     echo: Unsupported = None  # a completions field
+    # OpenAI's legacy function calling and its hosted features: refused unless their value asks for nothing
+    functions: Unsupported = None
+    function_call: Unsupported = None
+    modalities: Unsupported = None
+    audio: Unsupported = None
+    prediction: Unsupported = None
+    web_search_options: Unsupported = None
+    service_tier: Unsupported = None
+    reasoning_effort: Unsupported = None
+    store: Unsupported = None
+    verbosity: Unsupported = None
+    moderation: Unsupported = None
+    prompt_cache_options: Unsupported = None
+    prompt_cache_retention: Unsupported = None
+    # identifiers that ask for no behaviour: accepted and not used (the prefix cache serves every request)
+    metadata: dict[str, str] | None = None
+    safety_identifier: str | None = None
+    prompt_cache_key: str | None = None
 
     @field_validator("top_logprobs")
     @classmethod
