@@ -342,10 +342,15 @@ QUESTIONS: dict[str, list[Question]] = {
            "the store for the next blocks, which worker 1 published after its prefill; the new message is computed."),
         _c("store_names", "Why does the shared store name a block by a BLAKE2b chain over its token ids, not by the "
            "engine's own prefix-hash names?",
-           ["BLAKE2b is faster", "The engine's names use Python's hash, which differs from one process to the next: "
-            "another worker would never find them", "To save memory", "Names must be 16 bytes for the socket"], "b",
-           "hash(None), where the engine's chain starts, is different in every Python process; a name that another "
-           "process must find has to be computed from the tokens alone, the same everywhere."),
+           ["BLAKE2b is faster", "The engine's names come from Python's hash, which promises nothing across "
+            "processes: another worker may name the same tokens otherwise", "To save memory",
+            "Names must be 16 bytes for the socket"], "b",
+           "The engine's chain starts at hash(None): up to CPython 3.11 it comes from None's address and differs in "
+           "every process (constant from 3.12, but Python's hash is no cross-process contract and not collision "
+           "resistant). A name another process must find is computed from the tokens alone. vLLM roots its chain "
+           "at NONE_HASH (vllm/v1/core/kv_cache_utils.py, init_none_hash): a fixed seed with sha256, its default, "
+           "random bytes per process with xxhash, PYTHONHASHSEED where set: instances sharing block names set it "
+           "to one value."),
         _n("store_read_mb", "A returning turn reads 12 blocks of 16 tokens of SmolLM2-135M (fp32, 46,080 bytes of K/V "
            "a token) from the store. How many MB cross the store's socket?", 8.85,
            "12 x 16 tokens x 46,080 bytes = 8,847,360 bytes, about 8.85 MB: copied by value through the socket, "
@@ -353,20 +358,23 @@ QUESTIONS: dict[str, list[Question]] = {
     ],
     "15": [
         _n("fanout_prefill", "8 sub-tasks share a 400-token instruction prefix and add 20 tokens each; they are sent in "
-           "the same instant to an engine whose prefix cache is empty. How many prompt tokens does the engine "
-           "compute?", 3360,
-           "Admitted in one step, none finds the others' blocks (a block is named only once computed): 8 x 420 = "
-           "3,360. Fanned out after the first's prompt, about 400 + 8 x 20 = 560.", unit="tokens"),
+           "the same instant to this course's engine (it names a block once the block is computed) with an empty "
+           "prefix cache. How many prompt tokens does it compute?", 3360,
+           "Admitted in one step, none finds the others' blocks (none is named yet): 8 x 420 = 3,360. Fanned out "
+           "after the first's prompt, about 400 + 8 x 20 = 560. vLLM names a block when it schedules it "
+           "(vllm/v1/core/kv_cache_manager.py: allocate_slots calls cache_blocks), so there the same-step requests "
+           "already share the prefix: also 560.", unit="tokens"),
         _c("cached_bill", "A request's usage says prompt_tokens 1,000, cached_tokens 960. What did the engine "
            "compute for its prompt?",
            ["1,000 tokens", "40 tokens (the rest came from the prefix cache)", "960 tokens", "1,960 tokens"], "b",
            "Cached tokens are not run through the model: only 1,000 - 960 = 40 are prefilled."),
-        _c("router_side", "A router sends a request to the small model when the small model's confidence in its own "
-           "answer is...",
+        _c("router_side", "A cascade (the small model answers first, as in FrugalGPT) keeps the small model's answer "
+           "when the small model's confidence in it is...",
            ["below the threshold", "at or above the threshold", "exactly the threshold", "unknown: it waits for the "
             "target's answer"], "b",
            "Confident requests stay on the cheap model; doubtful ones go to the target. A signal that needs the "
-           "target's answer would cost what routing saves (and leaks the answer into the decision)."),
+           "target's answer would cost what the cascade saves (and leaks the answer into the decision). A router "
+           "such as RouteLLM decides from the query alone, before any model runs."),
         _n("compress_cost", "Before each request, a compressor scored by the target itself halves a 2,000-token "
            "history (it reads every token's surprisal, then drops the least surprising words). Counting its scoring "
            "pass, how many prompt tokens does the target prefill for one request?", 3000,

@@ -2,10 +2,13 @@
 
 An agent that splits a job into sub-tasks sends N prompts that start with the same long instructions. Sent one
 after another, each waits for the one before (N prefills, N decode loops); with prefix caching the instructions
-are computed once, by the first. Sent all at once, the engine decodes them in one batch, but a prefix cache only
-finds blocks that are already computed: requests admitted in the same step all miss it, and each computes the
-shared prefix again (vLLM's cache behaves the same way). The fork that gets both: send one sub-task, let its
-prompt be computed (its full blocks are then named in the cache), then send the rest together.
+are computed once, by the first. Sent all at once, the engine decodes them in one batch, but this engine's prefix
+cache names a block only once it is computed: requests admitted in the same step all miss it, and each computes
+the shared prefix again. (vLLM names a block when it schedules it, `vllm/v1/core/kv_cache_manager.py`:
+`allocate_slots` -> `cache_blocks`, so its same-step requests share the prefix; SGLang's cache-aware policy holds
+back waiting requests that share a prefix until one has computed it, `sglang/srt/managers/schedule_policy.py`.)
+The fork that gets both here: send one sub-task, let its prompt be computed (its full blocks are then named in
+the cache), then send the rest together.
 
 The engine's own count of what it computed (`prompt_tokens_computed`, from `LLMEngine.step_log`) is the measure:
 a prompt token served from the cache costs no prefill.

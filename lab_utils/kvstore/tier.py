@@ -4,8 +4,9 @@ The engine's prefix walk (`prefix_cache.match_prefix`) asks its tier for a block
 (`holds`, `take`, `restore`), and its eviction hands the tier a block it is about to reuse (`offload`).
 `StoreTier` answers those from the store process, so a block that one engine computed is found by another.
 
-Names: the engine names a block with Python's `hash` chained from `None`, and `hash(None)` differs from one
-process to the next (Python 3.11), so those names mean nothing to another process. The store keys blocks by
+Names: the engine names a block with Python's `hash` chained from `None`; `hash(None)` differs from one
+process to the next up to CPython 3.11 (a constant from 3.12), and Python's `hash` is no cross-process contract,
+so those names mean nothing to another process. The store keys blocks by
 `stable_names`: a BLAKE2b chain over the token ids, equal in every process. The tier learns which engine name
 stands for which stable name when a prompt is added (`_PromptNames`, a step hook), from the same token ids.
 
