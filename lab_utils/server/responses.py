@@ -1,8 +1,10 @@
 """One generation request's answer, in OpenAI's shapes: a whole body, or server-sent event chunks.
 
 `complete` queues the checked request and answers it: a stream (`sse`: the chunks' text adds up to the body's
-text) or, once the request ends, one JSON body. A client that leaves first has its request aborted at once, so
-its KV blocks go back to the pool, streamed or not.
+text) or, once the request ends, one JSON body. A completion with several prompts is one engine request per
+prompt, answered as one choice each (`index`: the prompt's place in the list; their chunks interleave in a
+stream, and the usage is their sum). A client that leaves first has its requests aborted at once, so their KV
+blocks go back to the pool, streamed or not.
 """
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ import asyncio
 import json
 import time
 import uuid
+from collections.abc import AsyncIterator
 
 from fastapi import Request
 from fastapi.responses import Response, StreamingResponse
@@ -22,47 +25,69 @@ from lab_utils.server.frontend import Frontend, grammar_param
 from lab_utils.server.logprobs import StreamLogprobs, TokenTexts, chat_logprobs, completion_logprobs
 from lab_utils.server.schemas import CommonFields
 from lab_utils.server.stream_text import StreamText
-from lab_utils.server.streaming import openai_framing
+from lab_utils.server.streaming import DONE, openai_framing
 from lab_utils.server.tools import Tool, chat_reply
 from lab_utils.structured.hook import DEAD_END
 
 
-async def complete(fe: Frontend, raw: Request, ids: list[int], params: SamplingParams, kind: str, req: CommonFields,
-                   param: str, mode: str | None = None, tools: list[Tool] | None = None, echo: str | None = None):
-    """`kind` "chat" or "text"; `param` the field the prompt came from (named by its errors); `mode` the tool mode
-    (tools.tool_mode); `echo`: the prompt's text, put before the completion's (its logprobs too, if asked)."""
+async def complete(fe: Frontend, raw: Request, prompts: list[list[int]], params: SamplingParams, kind: str,
+                   req: CommonFields, param: str, mode: str | None = None, tools: list[Tool] | None = None,
+                   echo: list[str] | None = None):
+    """`prompts` the token ids of each prompt (chat: one; a completion: one choice per prompt); `kind` "chat" or
+    "text"; `param` the field the prompts came from (named by its errors); `mode` the tool mode
+    (tools.tool_mode); `echo`: each prompt's text, put before its completion (its logprobs too, if asked)."""
     if req.stream_options is not None and not req.stream:
         raise APIError(400, "stream_options is only allowed with stream: true", param="stream_options")
-    handle = await fe.submit(ids, params, param)
+    handles = await submit_all(fe, prompts, params, param)
     rid, created = f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{uuid.uuid4().hex[:16]}", int(time.time())
     grammar = grammar_param(mode) if params.structured_output is not None else None
+    echoes = echo or [None] * len(prompts)
     if req.stream:
-        chunks = Chunks(fe, kind, rid, created, params.stop, grammar, echo, req, ids, mode, tools)
-        return StreamingResponse(sse(fe, handle, chunks), media_type="text/event-stream")
-    final = await until_done_or_gone(fe, raw, handle)
-    if final is None:  # the client left: its request was aborted, its KV blocks are free
+        chunks = [Chunks(fe, kind, rid, created, params.stop, grammar, e, req, ids, mode, tools, index=i)
+                  for i, (ids, e) in enumerate(zip(prompts, echoes))]
+        return StreamingResponse(sse(fe, handles, chunks), media_type="text/event-stream")
+    finals = await until_done_or_gone(fe, raw, handles)
+    if finals is None:  # the client left: its requests were aborted, their KV blocks are free
         return Response(status_code=499)
-    if final.finish_reason == DEAD_END:
-        raise APIError(400, f"{grammar}: {final.finish_reason}", param=grammar, code="grammar_dead_end")
-    if final.finish_reason and final.finish_reason.startswith("error"):
-        raise APIError(500, final.finish_reason, "server_error")
-    if final.finish_reason and final.finish_reason.startswith("rejected"):
-        raise APIError(400, final.finish_reason, param=param)
-    if kind == "chat":
-        message, finish = chat_reply(final.text, mode, tools, finish_reason(final.finish_reason))  # tool_calls
-        choice = {"index": 0, "message": message, "finish_reason": finish,
-                  "logprobs": None if final.logprobs is None else chat_logprobs(final.logprobs, fe.token_texts)}
-        obj = "chat.completion"
-    else:
-        choice = {"index": 0, "text": (echo or "") + final.text, "finish_reason": finish_reason(final.finish_reason),
-                  "logprobs": completion_choice_logprobs(final, echo is not None, fe.token_texts)}
-        obj = "text_completion"
-    body = {"id": rid, "object": obj, "created": created, "model": fe.model_name, "choices": [choice],
-            "usage": usage(final)}
-    if req.return_token_ids:  # vLLM's places: the prompt's ids on the response (chat) or the choice
-        choice["token_ids"] = list(final.token_ids)
-        (body if kind == "chat" else choice)["prompt_token_ids"] = list(final.prompt_token_ids)
+    for i, final in enumerate(finals):
+        where = f"{param}[{i}]: " if len(finals) > 1 else ""
+        if final.finish_reason == DEAD_END:
+            raise APIError(400, f"{where}{grammar}: {final.finish_reason}", param=grammar, code="grammar_dead_end")
+        if final.finish_reason and final.finish_reason.startswith("error"):
+            raise APIError(500, where + final.finish_reason, "server_error")
+        if final.finish_reason and final.finish_reason.startswith("rejected"):
+            raise APIError(400, where + final.finish_reason, param=param)
+    body = {"id": rid, "object": "chat.completion" if kind == "chat" else "text_completion", "created": created,
+            "model": fe.model_name, "choices": [], "usage": usage_sum(finals)}
+    for i, (final, e) in enumerate(zip(finals, echoes)):
+        if kind == "chat":
+            message, finish = chat_reply(final.text, mode, tools, finish_reason(final.finish_reason))  # tool_calls
+            choice = {"index": i, "message": message, "finish_reason": finish,
+                      "logprobs": None if final.logprobs is None else chat_logprobs(final.logprobs, fe.token_texts)}
+        else:
+            choice = {"index": i, "text": (e or "") + final.text, "finish_reason": finish_reason(final.finish_reason),
+                      "logprobs": completion_choice_logprobs(final, e is not None, fe.token_texts)}
+        if req.return_token_ids:  # vLLM's places: the prompt's ids on the response (chat) or the choice
+            choice["token_ids"] = list(final.token_ids)
+            (body if kind == "chat" else choice)["prompt_token_ids"] = list(final.prompt_token_ids)
+        body["choices"].append(choice)
     return body
+
+
+async def submit_all(fe: Frontend, prompts: list[list[int]], params: SamplingParams, param: str) -> list[Stream]:
+    """Queue one engine request per prompt; if any is refused, those already queued are aborted and the refusal
+    names the prompt (`prompt[1]: ...`) when there are several."""
+    handles: list[Stream] = []
+    try:
+        for ids in prompts:
+            handles.append(await fe.submit(ids, params, param))
+    except BaseException as exc:
+        for h in handles:
+            fe.aengine.abort(h.request_id)
+        if isinstance(exc, APIError) and len(prompts) > 1:
+            exc.message = f"{param}[{len(handles)}]: {exc.message}"
+        raise
+    return handles
 
 
 class Chunks:
@@ -73,8 +98,9 @@ class Chunks:
 
     def __init__(self, fe: Frontend, kind: str, rid: str, created: int, stops: list[str], grammar: str | None,
                  echo: str | None = None, req: CommonFields | None = None, prompt_ids: list[int] | None = None,
-                 mode: str | None = None, tools: list[Tool] | None = None) -> None:
+                 mode: str | None = None, tools: list[Tool] | None = None, index: int = 0) -> None:
         self.kind, self.rid, self.created, self.model_name = kind, rid, created, fe.model_name
+        self.index = index  # the choice's index: its prompt's place in the request
         self.grammar, self.prompt_ids, self.mode, self.tools = grammar, prompt_ids, mode, tools
         self.include_usage = bool(req and req.stream_options and req.stream_options.include_usage)
         self.with_ids = bool(req and req.return_token_ids)
@@ -113,9 +139,9 @@ class Chunks:
         prefix, logprobs = self.logprobs.take(out)
         delta = prefix + delta
         if kind == "chat":
-            choice = {"index": 0, "delta": {"content": delta}, "finish_reason": None}
+            choice = {"index": self.index, "delta": {"content": delta}, "finish_reason": None}
         else:
-            choice = {"index": 0, "text": delta, "finish_reason": None}
+            choice = {"index": self.index, "text": delta, "finish_reason": None}
         if self.with_ids:  # vLLM's return_token_ids: exact token accounting
             if kind != "chat" and not self.prompt_ids_sent:  # a completion's first chunk
                 choice["prompt_token_ids"] = self.prompt_ids
@@ -139,25 +165,31 @@ class Chunks:
             self.final_usage = usage(out)
         return chunk
 
-    def usage_chunk(self) -> dict | None:
-        if self.include_usage and self.final_usage is not None:
-            return self.head(choices=[], usage=self.final_usage)
-        return None
 
 
-async def sse(fe: Frontend, stream: Stream, chunks: Chunks):
-    """SSE lines from the streaming loop (`streaming.stream_sse`, or the learner's), framed as OpenAI's. An engine
-    that died, or a learner's loop that raised, ends the stream with an error chunk and [DONE]."""
+def usage_chunk(chunks: list[Chunks]) -> dict | None:
+    """The stream's last chunk: the usage of all its choices summed, when asked for and every choice ended."""
+    if chunks[0].include_usage and all(c.final_usage is not None for c in chunks):
+        return chunks[0].head(choices=[], usage=add_usages([c.final_usage for c in chunks]))
+    return None
+
+
+async def sse(fe: Frontend, streams: list[Stream], chunks: list[Chunks]):
+    """SSE lines from the streaming loop (`streaming.stream_sse`, or the learner's; one per prompt, their lines
+    merged), framed as OpenAI's. An engine that died, or a learner's loop that raised, ends the stream with an
+    error chunk and [DONE]."""
+    loops = [fe.stream_fn(fe.aengine.outputs(s, abort_on_exit=False), c.to_chunk,
+                          lambda rid=s.request_id: fe.aengine.abort(rid)) for s, c in zip(streams, chunks)]
     try:
-        async for line in openai_framing(fe.stream_fn(fe.aengine.outputs(stream, abort_on_exit=False), chunks.to_chunk,
-                                                      lambda: fe.aengine.abort(stream.request_id)),
-                                         chunks.first(), chunks.usage_chunk):
+        async for line in openai_framing(loops[0] if len(loops) == 1 else merge_streams(loops), chunks[0].first(),
+                                         lambda: usage_chunk(chunks)):
             yield line
     except EngineDeadError as exc:
         yield server_error_event(str(exc))
         yield "data: [DONE]\n\n"
-    except Exception as exc:  # a learner's loop that raised: the client is told, the request is ended
-        fe.aengine.abort(stream.request_id)
+    except Exception as exc:  # a learner's loop that raised: the client is told, the requests are ended
+        for s in streams:
+            fe.aengine.abort(s.request_id)
         why = f"the streaming loop ({fe.stream_parts or 'reference'}) raised {type(exc).__name__}: {exc}"
         yield server_error_event(why)
         yield "data: [DONE]\n\n"
@@ -168,14 +200,42 @@ def server_error_event(message: str) -> str:
     return f"data: {json.dumps({'error': error})}\n\n"
 
 
-async def until_done_or_gone(fe: Frontend, raw: Request, handle: Stream) -> RequestOutput | None:
-    """The request's last output, or None if its client disconnected first (then the request is aborted
+async def merge_streams(loops: list) -> AsyncIterator[str]:
+    """The SSE lines of several streaming loops as each comes, each loop's [DONE] held back: one [DONE] after the
+    last. Left early (the client went), every loop still running is cancelled, so each aborts its request."""
+    pending = {asyncio.ensure_future(anext(loop)): loop for loop in loops}
+    try:
+        while pending:
+            done, _ = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+            for task in done:
+                loop = pending.pop(task)
+                try:
+                    line = task.result()
+                except StopAsyncIteration:
+                    continue
+                pending[asyncio.ensure_future(anext(loop))] = loop
+                if line != DONE:
+                    yield line
+        yield DONE
+    finally:
+        for task in pending:
+            task.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
+        for loop in loops:
+            await loop.aclose()
+
+
+async def until_done_or_gone(fe: Frontend, raw: Request, handles: list[Stream]) -> list[RequestOutput] | None:
+    """Each request's last output, or None if the client disconnected first (then the requests are aborted
     at once: a non-streamed request's blocks go back as a stream's do)."""
-    async def collect():
+    async def collect_one(handle: Stream):
         final = None
         async for out in fe.aengine.outputs(handle):
             final = out
         return final
+
+    def collect():
+        return asyncio.gather(*(collect_one(h) for h in handles))
 
     async def client_gone():
         while (await raw.receive())["type"] != "http.disconnect":
@@ -189,7 +249,8 @@ async def until_done_or_gone(fe: Frontend, raw: Request, handle: Stream) -> Requ
         if not work.done():
             work.cancel()  # aengine.outputs aborts the request as it is cancelled
     if not work.done() or work.cancelled():
-        fe.aengine.abort(handle.request_id)
+        for handle in handles:
+            fe.aengine.abort(handle.request_id)
         return None
     try:
         return work.result()
@@ -211,6 +272,18 @@ def finish_reason(reason: str | None) -> str | None:
     if reason is None:
         return None
     return "length" if reason == "length" else "stop" if reason == "stop" else reason.split(":")[0]
+
+
+def add_usages(usages: list[dict]) -> dict:
+    """Several choices' usage as one (OpenAI's usage of a request with several prompts: their sum)."""
+    total = {k: sum(u[k] for u in usages) for k in ("prompt_tokens", "completion_tokens", "total_tokens")}
+    total["prompt_tokens_details"] = {"cached_tokens": sum(u["prompt_tokens_details"]["cached_tokens"]
+                                                           for u in usages)}
+    return total
+
+
+def usage_sum(outs: list[RequestOutput]) -> dict:
+    return add_usages([usage(o) for o in outs])
 
 
 def usage(out: RequestOutput) -> dict:

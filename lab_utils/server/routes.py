@@ -55,8 +55,9 @@ async def models(served: Models):
 async def completions(req: CompletionRequest, raw: Request, served: Models):
     fe = served.pick(req.model)
     params = fe.to_params(req, req.max_tokens, await fe.constraint(req))
-    ids = await fe.token_ids(req.prompt, "prompt")
-    echo = (req.prompt if isinstance(req.prompt, str) else fe.prompt_text(ids)) if req.echo else None
+    prompts = req.prompts()  # one choice each, in order
+    ids = [await fe.token_ids(p, "prompt") for p in prompts]
+    echo = [p if isinstance(p, str) else fe.prompt_text(i) for p, i in zip(prompts, ids)] if req.echo else None
     return await complete(fe, raw, ids, params, "text", req, "prompt", echo=echo)
 
 
@@ -78,5 +79,5 @@ async def chat(req: ChatRequest, raw: Request, served: Models):
     except Exception as exc:  # noqa: BLE001 - a template that refuses these messages is the client's problem
         raise APIError(400, f"the chat template refused these messages ({type(exc).__name__}: {exc}); check "
                             f"the roles' order and the contents' text", param="messages") from None
-    return await complete(fe, raw, await fe.token_ids(prompt, "messages"), params, "chat", req, "messages",
+    return await complete(fe, raw, [await fe.token_ids(prompt, "messages")], params, "chat", req, "messages",
                           mode, req.tools)

@@ -114,8 +114,15 @@ class CommonFields(BaseModel):
         return out
 
 
+MAX_PROMPTS = 256  # prompts in one /v1/completions request (each is a request of the engine's queue)
+PromptText = Annotated[str, StringConstraints(min_length=1)]
+PromptIds = Annotated[list[TokenId], Field(min_length=1)]
+
+
 class CompletionRequest(CommonFields):
-    prompt: Annotated[str, StringConstraints(min_length=1)] | Annotated[list[TokenId], Field(min_length=1)]
+    prompt: PromptText | PromptIds | Annotated[list[PromptText], Field(min_length=1, max_length=MAX_PROMPTS)] | \
+        Annotated[list[PromptIds], Field(min_length=1, max_length=MAX_PROMPTS)] = Field(
+            description="a string, a list of token ids, or a list of either (one choice per prompt, in order)")
     logprobs: json_int(ge=0, le=5) | None = Field(default=None, description="logprobs of each token and of the "
                                        "k most likely (0-5)")
     echo: bool = Field(default=False, description="the prompt (and its logprobs) before the completion")
@@ -123,12 +130,37 @@ class CompletionRequest(CommonFields):
 
     @field_validator("prompt", mode="before")
     @classmethod
-    def _one_prompt(cls, v):
-        if isinstance(v, list):
+    def _prompts(cls, v):
+        """OpenAI's four shapes: "text", [ids], ["text", ...], [[ids], ...]; anything else names what is wrong."""
+        shapes = ('send a non-empty string, a non-empty list of token ids, or a list of up to '
+                  f'{MAX_PROMPTS} of either (["a", "b"] or [[1, 2], [3]])')
+        if isinstance(v, str):
+            if v:
+                return v
+            raise ValueError(f"the prompt is empty: {shapes}")
+        if not isinstance(v, list) or not v:
+            raise ValueError(f"must be a prompt or a list of prompts: {shapes}")
+        if all(isinstance(t, list) for t in v):
+            v = [[_json_int(t) for t in ids] for ids in v]
+            bad = next((i for i, ids in enumerate(v) if not ids or not all(type(t) is int for t in ids)), None)
+            if bad is not None:
+                raise ValueError(f"prompt[{bad}] is not a non-empty list of token ids (ints): {shapes}")
+        elif all(isinstance(t, str) for t in v):
+            bad = next((i for i, text in enumerate(v) if not text), None)
+            if bad is not None:
+                raise ValueError(f"prompt[{bad}] is empty: {shapes}")
+        else:
             v = [_json_int(t) for t in v]
-        if (isinstance(v, str) and v) or (isinstance(v, list) and v and all(type(t) is int for t in v)):
-            return v
-        raise ValueError("must be a non-empty string or a non-empty list of token ids (ints); one prompt per request")
+            if not all(type(t) is int for t in v):
+                raise ValueError(f"mixes kinds of prompt: {shapes}")
+        if isinstance(v[0], (str, list)) and len(v) > MAX_PROMPTS:
+            raise ValueError(f"has {len(v)} prompts; this server takes at most {MAX_PROMPTS} in one request")
+        return v
+
+    def prompts(self) -> list[str | list[int]]:
+        """The prompts this request carries, in order (one for a string or a list of token ids)."""
+        p = self.prompt
+        return list(p) if isinstance(p, list) and isinstance(p[0], (str, list)) else [p]
 
 
 class ChatRequest(CommonFields):
