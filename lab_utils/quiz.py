@@ -130,10 +130,12 @@ QUESTIONS: dict[str, list[Question]] = {
            "A contiguous cache must reserve max_len slots up front. Paging allocates fixed-size blocks on demand "
            "through a block table, so waste falls below 4% (the vLLM paper)."),
         _c("out_of_blocks", "A running sequence needs a new block and none is free. A well-behaved engine…",
-           ["Crashes with out-of-memory", "Preempts a sequence (recompute or swap) and resumes it later",
+           ["Crashes with out-of-memory", "Preempts a sequence (frees its blocks) and resumes it later",
             "Truncates the sequence silently", "Allocates a contiguous buffer"], "b",
-           "Preemption frees the victim's blocks; it is later recomputed (or swapped back in). Every request "
-           "still ends finished, aborted or rejected with a reason."),
+           "Preemption frees the victim's blocks; it is later recomputed (this engine can also swap its KV to host "
+           "memory and back). vLLM V1 preempts by recompute only (vllm/v1/core/sched/scheduler.py, "
+           "_preempt_request: blocks freed, num_computed_tokens = 0); swapping was V0's, and KV offloading to host "
+           "memory took its place. Every request still ends finished, aborted or rejected with a reason."),
     ],
     "03": [
         _n("chunk_tokens", "Token budget per step: 512. Three sequences are decoding (1 token each, scheduled first) "

@@ -49,3 +49,30 @@ def test_store_names_engine_names_differ_per_process_only_before_3_12():
     assert len(runs) == (1 if sys.version_info >= (3, 12) else 3)
     q = quiz.get("14", "store_names")
     assert "3.12" in q.explanation and "PYTHONHASHSEED" in q.explanation and "NONE_HASH" in q.explanation
+
+
+def _vllm_source(relative: str) -> str:
+    """The text of an installed vLLM source file (read, not imported), or skip where vLLM is not installed."""
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.find_spec("vllm")
+    if spec is None or not spec.origin:
+        pytest.skip("vLLM is not installed")
+    return (Path(spec.origin).parent / relative).read_text()
+
+
+def _function_body(source: str, name: str) -> str:
+    start = source.index(f"def {name}(")
+    nxt = source.find("\n    def ", start + 1)
+    return source[start:nxt if nxt > 0 else None]
+
+
+def test_out_of_blocks_vllm_v1_preempts_by_recompute_only():
+    """Quiz 02 out_of_blocks: vLLM V1's preemption frees the blocks and resets the computed tokens (recompute);
+    nothing in it swaps KV out."""
+    body = _function_body(_vllm_source("v1/core/sched/scheduler.py"), "_preempt_request")
+    assert "num_computed_tokens = 0" in body and "swap" not in body.lower()
+    q = quiz.get("02", "out_of_blocks")
+    assert "recompute only" in q.explanation and "swap" not in q.options[ord(q.answer) - ord("a")]
+
