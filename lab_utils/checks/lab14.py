@@ -314,6 +314,7 @@ def claims(r: Mapping) -> list[Claim]:
     out.append(claim)
     out.append(parts_called("the host-tier runs", r["calls"], [PART]))
     out.extend(store_claims(r))
+    out.extend(routing_claims(r))
     return out
 
 
@@ -350,6 +351,27 @@ def store_claims(r: Mapping) -> list[Claim]:
     out.append(judge("returning turns' prefill is faster with the store (time without / with, turn by turn, the "
                      "pools taking turns to go first)", r["store_ratios"], 1.0,
                      "rerun the store cell when the machine is quieter", strict=True))
+    return out
+
+
+def routing_claims(r: Mapping) -> list[Claim]:
+    """Two replicas behind a router (section 6): `routing_computed` {"round-robin", "prefix-aware": prompt tokens
+    the returning turns computed}, `routing_tokens` {router: token ids of every turn}, `routing_near_ties` (optional:
+    turns whose tokens part at a near-tie of the model's dtype), `routing_leaks` {replica: message or ""}. Counted in
+    tokens, not timed: true on any device."""
+    need(r, "routing_computed", "routing_tokens", "routing_leaks")
+    computed, toks = r["routing_computed"], r["routing_tokens"]
+    rr, pa = computed["round-robin"], computed["prefix-aware"]
+    out: list[Claim] = [(f"routed by prefix, returning turns compute fewer prompt tokens than routed round-robin: "
+                         f"{pa} vs {rr}", pa < rr)]
+    a, b = toks["round-robin"], toks["prefix-aware"]
+    differ = sum(x != y for x, y in zip(a, b)) + abs(len(a) - len(b))
+    ties = r.get("routing_near_ties", 0)
+    out.append((f"greedy outputs identical under both routers, or parting at a near-tie of the model's dtype "
+                f"({len(a)} turns; differ: {differ}, at a near-tie: {ties})", bool(a) and differ - ties <= 0))
+    leaks = {k: m for k, m in r["routing_leaks"].items() if m}
+    out.append((f"no KV block leaked on any replica ({len(r['routing_leaks'])} replicas"
+                + (f"; leaked: {leaks})" if leaks else ")"), bool(r["routing_leaks"]) and not leaks))
     return out
 
 

@@ -15,7 +15,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from lab_utils import EngineConfig, LLMEngine, SamplingParams  # noqa: E402
 from lab_utils.checks import lab14  # noqa: E402
-from lab_utils.kvstore import returning, sources  # noqa: E402
+from lab_utils.kvstore import returning, routing, sources  # noqa: E402
+from lab_utils.kvstore.tier import stable_names  # noqa: E402
 
 BS = 8
 PARAMS = SamplingParams(max_tokens=4, ignore_eos=True)
@@ -112,8 +113,8 @@ def _store(rows, shared: str = "store") -> dict:
     return r
 
 
-def _r(runs: dict, store: dict | None = None, **override) -> dict:
-    r = dict(**(store or STORE_OK), tokens={s: [x.token_ids for x in rows] for s, (rows, _, _) in runs.items()},
+def _r(runs: dict, store: dict | None = None, routing: dict | None = None, **override) -> dict:
+    r = dict(**(routing or ROUTING_OK), **(store or STORE_OK), tokens={s: [x.token_ids for x in rows] for s, (rows, _, _) in runs.items()},
              leaks={s: leak for s, (_, leak, _) in runs.items()},
              returning_prefill={s: sum(x.computed_tokens for x in returning.returning(rows))
                                 for s, (rows, _, _) in runs.items()},
@@ -251,3 +252,75 @@ def test_a_missed_prediction_read_off_a_bumpy_prefill_curve_is_not_judged(runs):
     text, ok = next(c for c in lab14.claims(_r(runs, ratio_predicted={"lru": 4.0}, prefill_curves=smooth))
                     if "predict within" in c[0])
     assert ok is False, text
+
+
+# -- two replicas behind a router (section 6) -------------------------------------------------------------------
+ROUTING_OK = {"routing_computed": {"round-robin": 30, "prefix-aware": 10},
+              "routing_tokens": {"round-robin": [[1, 2]], "prefix-aware": [[1, 2]]},
+              "routing_leaks": {"replica 0": "", "replica 1": ""}}
+
+
+class _OtherReplica(routing.PrefixAware):
+    """A router that gets prefix-aware routing backwards: every request to the replica it believes holds the
+    least of its prefix."""
+
+    def choose(self, prompt):
+        names = stable_names(list(prompt), self.block_size)
+        worst = min(range(self.num_replicas), key=lambda r: (self.matched_blocks(r, names), r))
+        return worst, 0
+
+
+def _routed(tiny64, router_cls, leak: bool = False) -> tuple[list, dict]:
+    engines = [LLMEngine(tiny64, STORE_CFG, device="cpu") for _ in range(2)]
+    rows = routing.run(engines, _trace(3), PARAMS, router_cls(2, BS, STORE_CFG.num_gpu_blocks))
+    if leak:
+        engines[1].block_manager.take_block()
+    return rows, {f"replica {i}": returning.leak_report(e) for i, e in enumerate(engines)}
+
+
+def _routing_r(rr, pa) -> dict:
+    (rr_rows, rr_leaks), (pa_rows, pa_leaks) = rr, pa
+    return {"routing_computed": {"round-robin": routing.summary(rr_rows)["computed"],
+                                 "prefix-aware": routing.summary(pa_rows)["computed"]},
+            "routing_tokens": {"round-robin": [x.token_ids for x in rr_rows],
+                               "prefix-aware": [x.token_ids for x in pa_rows]},
+            "routing_leaks": {**{f"rr {k}": v for k, v in rr_leaks.items()},
+                              **{f"pa {k}": v for k, v in pa_leaks.items()}}}
+
+
+def _round_robin(n, *_):
+    return routing.RoundRobin(n)
+
+
+def test_routing_by_prefix_passes_and_computes_less(runs, tiny64, capsys):
+    rr, pa = _routed(tiny64, _round_robin), _routed(tiny64, routing.PrefixAware)
+    s = routing.summary(pa[0])
+    assert s["expected_right"] == s["returning_turns"], "the router's index must never promise more than is cached"
+    lab14.assert_claims(_r(runs, routing=_routing_r(rr, pa)))
+    assert "FAIL" not in capsys.readouterr().out
+
+
+def test_a_router_that_sends_turns_away_from_their_prefix_fails(runs, tiny64):
+    rr, away = _routed(tiny64, _round_robin), _routed(tiny64, _OtherReplica)
+    with pytest.raises(AssertionError, match="compute fewer prompt tokens than routed round-robin"):
+        lab14.assert_claims(_r(runs, routing=_routing_r(rr, away)), show=False)
+
+
+def test_routing_with_changed_tokens_or_a_leaked_replica_fails(runs, tiny64):
+    rr, pa = _routed(tiny64, _round_robin), _routed(tiny64, routing.PrefixAware, leak=True)
+    r = _routing_r(rr, pa)
+    with pytest.raises(AssertionError, match="no KV block leaked on any replica"):
+        lab14.assert_claims(_r(runs, routing=r), show=False)
+    r = {**ROUTING_OK, "routing_tokens": {"round-robin": [[1, 2]], "prefix-aware": [[1, 3]]}}
+    with pytest.raises(AssertionError, match="identical under both routers"):
+        lab14.assert_claims(_r(runs, routing=r), show=False)
+    lab14.assert_claims(_r(runs, routing={**r, "routing_near_ties": 1}), show=False)
+
+
+def test_the_router_refuses_bad_settings():
+    with pytest.raises(ValueError, match="threshold"):
+        routing.PrefixAware(2, 16, 64, threshold=1.5)
+    with pytest.raises(ValueError, match="num_replicas"):
+        routing.RoundRobin(0)
+    with pytest.raises(ValueError, match="2 engines for a router over 3"):
+        routing.run([object(), object()], [], PARAMS, routing.RoundRobin(3))
