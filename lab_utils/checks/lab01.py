@@ -191,16 +191,25 @@ def claims(r: dict) -> list[Claim]:
     comes and goes cannot fail it falsely: rounds that disagree across the bar give NOT JUDGED. `static_steps`,
     `continuous_steps`: engine steps of one run (the same every round). `mismatch`: the request ids, per run,
     whose batched tokens differ from one-at-a-time generation beyond a near-tie; `static_eq_cont`: both policies
-    agree on every request. `calls`: how often the continuous runs called each of your parts."""
+    agree on every request. `calls`: how often the continuous runs called each of your parts. `step_logs`: the
+    step logs of one static and one continuous run ({"static": [...], "continuous": [...]}): the throughput claim is
+    judged where this device's step costs, fitted on them, predict >= 2x (a step's cost grows with its rows, as on a
+    CPU); where a step costs about the same whatever its rows (a launch-bound GPU) it is NOT JUDGED, saying so."""
     from lab_utils.checks.claims import need, parts_called
-    from lab_utils.checks.timing import judge
+    from lab_utils.checks.timing import StepCosts, device_condition, judge, step_tokens
 
-    need(r, "throughput_rounds", "static_steps", "continuous_steps", "mismatch", "static_eq_cont", "calls")
+    need(r, "throughput_rounds", "static_steps", "continuous_steps", "mismatch", "static_eq_cont", "calls", "step_logs")
     steps_s, steps_c = r["static_steps"], r["continuous_steps"]
     differing = {name: ids for name, ids in r["mismatch"].items() if ids}
+    logs = r["step_logs"]
+    costs = StepCosts.fit([logs["static"], logs["continuous"]])
+    predicted = costs.total(step_tokens(logs["static"])) / costs.total(step_tokens(logs["continuous"]))
     return [
-        judge("continuous batching gives >= 2x the output throughput of static batching on this workload",
-              r["throughput_rounds"], 2.0, RERUN),
+        device_condition(
+            judge("continuous batching gives >= 2x the output throughput of static batching on this workload",
+                  r["throughput_rounds"], 2.0, RERUN),
+            predicted, 2.0, costs, "steps whose cost grows with their rows (static batching pays for its padding "
+            "rows); here continuous batching gains through its fewer steps, judged below"),
         (f"continuous batching needs fewer engine steps than static ({steps_c} vs {steps_s}, "
          f"{steps_s / max(steps_c, 1):.2f}x fewer)", 0 < steps_c < steps_s),
         ("batched greedy output is identical to one-at-a-time generation (or parts only at near-ties)"

@@ -17,7 +17,9 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Callable, Hashable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import TypeVar
 
 K = TypeVar("K", bound=Hashable)
@@ -103,3 +105,95 @@ def judge_error(text: str, errors: Mapping[str, float], spreads: Mapping[str, fl
         text += (f" -- NOT JUDGED: the measurement's own repeats lie further apart than the {bound:.0%} bound "
                  f"({wide}), so this machine was too busy to tell; {rerun}")
     return text, ok
+
+
+# ------------------------------------------------------------------------------------------------ device costs
+# A timing claim such as "continuous batching gives >= 2x" holds where a step's cost grows with its work, as on a
+# CPU; on a GPU whose small steps are launch-bound a step costs about the same at 1 token or 256. So such a claim
+# reads this device's step costs (fitted on the engine's own step log, in the same run), predicts the ratio they
+# allow, and is judged only where that prediction clears its bar with a margin (`device_condition`); elsewhere it
+# is NOT JUDGED, saying what the device's costs predict and why.
+
+DEVICE_MARGIN = 1.15  # the predicted ratio must clear the bar by this factor for the claim to be judged
+
+
+@dataclass(frozen=True)
+class StepCosts:
+    """An engine step's cost on this device as `fixed_s + per_token_s * tokens` (tokens computed, padding rows
+    included), fitted by least squares on the steps of one or more step logs (`LLMEngine.step_log`)."""
+
+    fixed_s: float
+    per_token_s: float
+    num_steps: int
+    max_tokens: int
+
+    @classmethod
+    def fit(cls, logs: Iterable[Sequence[Mapping]]) -> StepCosts:
+        """Fit on the steps of `logs` (each step: `start`, `end`, `num_tokens`, optional `num_padding`)."""
+        pts = [(s["num_tokens"] + s.get("num_padding", 0), s["end"] - s["start"]) for log in logs for s in log]
+        if len(pts) < 2 or len({x for x, _ in pts}) < 2:
+            raise ValueError(f"fitting step costs needs steps of at least two sizes, got {len(pts)} steps of "
+                             f"{sorted({x for x, _ in pts})} tokens: pass the step logs of the measured runs")
+        n = len(pts)
+        mx, my = sum(x for x, _ in pts) / n, sum(y for _, y in pts) / n
+        sxx = sum((x - mx) ** 2 for x, _ in pts)
+        slope = max(0.0, sum((x - mx) * (y - my) for x, y in pts) / sxx)
+        fixed = my - slope * mx
+        if fixed < 0:  # a step cannot cost less than nothing: a line through the origin
+            fixed, slope = 0.0, sum(x * y for x, y in pts) / sum(x * x for x, _ in pts)
+        return cls(fixed, slope, n, max(x for x, _ in pts))
+
+    def cost(self, tokens: float) -> float:
+        """Predicted seconds of a step computing `tokens` tokens."""
+        return self.fixed_s + self.per_token_s * tokens
+
+    def total(self, steps: Iterable[float]) -> float:
+        """Predicted seconds of a run whose steps compute these token counts."""
+        return sum(self.cost(t) for t in steps)
+
+    def describe(self) -> str:
+        """'a step costs 41.2 ms + 0.3 us per token (fitted on 112 steps of up to 512 tokens)'."""
+        return (f"a step costs {self.fixed_s * 1e3:.2f} ms + {self.per_token_s * 1e6:.2f} us per token (fitted on "
+                f"{self.num_steps} steps of up to {self.max_tokens} tokens)")
+
+
+def step_tokens(log: Sequence[Mapping]) -> list[int]:
+    """Tokens each step of a step log computed, padding rows included."""
+    return [s["num_tokens"] + s.get("num_padding", 0) for s in log]
+
+
+def device_condition(claim: tuple[str, bool | None], predicted: float, bar: float, costs: StepCosts,
+                     needs: str) -> tuple[str, bool | None]:
+    """`claim` as judged, where this device's step costs predict a ratio that clears `bar` with a margin; else
+    NOT JUDGED (verdict None), with the prediction, the costs, and what the claim `needs` to show."""
+    text, ok = claim
+    if predicted >= bar * DEVICE_MARGIN:
+        return claim
+    return (f"{text} -- NOT JUDGED: on this device {costs.describe()}, which predicts only {predicted:.2f}x (judged "
+            f"where the prediction is >= {bar * DEVICE_MARGIN:.2f}x): the claim needs {needs}", None)
+
+
+@contextmanager
+def launch_bound_steps(step_s: float) -> Iterator[None]:
+    """Inside: every engine step's forward lasts at least `step_s` from the step's start (the engine sleeps the
+    rest), so a step's cost is flat in its tokens, as on a GPU whose small steps are launch-bound. Tests run a
+    CPU under this profile beside its own to see that no timing claim prints a false PASS or FAIL on either."""
+    import time
+
+    from lab_utils.engine.engine import LLMEngine
+
+    if not step_s > 0:
+        raise ValueError(f"step_s={step_s} must be > 0 (seconds a step lasts at least)")
+    forward = LLMEngine._forward
+
+    def flat(self, batch) -> None:
+        forward(self, batch)
+        left = step_s - (time.perf_counter() - batch.start)
+        if left > 0:
+            time.sleep(left)
+
+    LLMEngine._forward = flat
+    try:
+        yield
+    finally:
+        LLMEngine._forward = forward

@@ -6,13 +6,25 @@ import pytest
 
 from lab_utils.checks import lab01
 from lab_utils.checks.timing import ratios
+from tests.unit import step_profiles
 
 CALLS = {name: 40 for name in lab01.CONTINUOUS_RUN_PARTS}
+# the SMOKE workload's step mix (64 prompts of 16 tokens, 32 slots): static batching prefills two full batches,
+# then decodes every slot of its batch until the longest member ends (finished members as padding rows);
+# continuous batching admits as slots free up, so its decode steps hold the requests still running
+STATIC_STEPS = dict(tokens=[512, 512] + [20] * 95, padding=[0, 0] + [12] * 95)
+CONTINUOUS_STEPS = dict(tokens=[512, 200, 120, 80, 60, 52] + [7] * 70)
 
 
-def _run(throughput_rounds: list[float], **change) -> dict:
+def step_logs(profile: str) -> dict:
+    return {"static": step_profiles.log(STATIC_STEPS["tokens"], profile, STATIC_STEPS["padding"]),
+            "continuous": step_profiles.log(CONTINUOUS_STEPS["tokens"], profile, seed=1)}
+
+
+def _run(throughput_rounds: list[float], profile: str = "cpu", **change) -> dict:
     return dict(throughput_rounds=throughput_rounds, static_steps=97, continuous_steps=76,
-                mismatch={"lab/static": [], "lab/continuous": []}, static_eq_cont=True, calls=dict(CALLS)) | change
+                mismatch={"lab/static": [], "lab/continuous": []}, static_eq_cont=True, calls=dict(CALLS),
+                step_logs=step_logs(profile)) | change
 
 
 # continuous / static output tok/s of three interleaved rounds (illustrative numbers of the SMOKE workload's
@@ -67,3 +79,33 @@ def test_each_claim_can_fail(change, words):
 def test_missing_measurements_name_the_cells_to_run():
     with pytest.raises(KeyError, match="run the cells above"):
         lab01.claims({"throughput_rounds": QUIET})
+
+
+def _measured(profile: str) -> list[float]:
+    """The throughput ratio each profile's step logs give (same output tokens: static seconds / continuous)."""
+    logs = step_logs(profile)
+    return [step_profiles.seconds(logs["static"]) / step_profiles.seconds(logs["continuous"])]
+
+
+def test_on_a_launch_bound_device_the_2x_claim_is_not_judged_never_a_false_fail():
+    """Flat step costs: continuous gains only its fewer steps (~1.3x), so >= 2x cannot show; it says why."""
+    rounds = _measured("launch")
+    assert rounds[0] < 2  # what such a device measures: judged at 2x it would be a false FAIL
+    claims = lab01.claims(_run(rounds, profile="launch"))
+    text, ok = claims[0]
+    assert ok is None and "NOT JUDGED: on this device a step costs" in text and "predicts only" in text
+    assert all(ok for _, ok in claims[1:])  # every other claim is judged, and holds
+    lab01.assert_claims(_run(rounds, profile="launch"), show=False)
+
+
+def test_on_a_compute_bound_device_the_2x_claim_is_judged_both_ways():
+    rounds = _measured("cpu")
+    assert lab01.claims(_run(rounds))[0][1] is True
+    with pytest.raises(AssertionError, match=">= 2x the output throughput"):  # same step costs, slow runs
+        lab01.assert_claims(_run(WRONG), show=False)
+
+
+def test_step_logs_of_one_size_cannot_be_fitted():
+    one = step_profiles.log([7] * 5, "cpu")
+    with pytest.raises(ValueError, match="at least two sizes"):
+        lab01.claims(_run(QUIET, step_logs={"static": one, "continuous": one}))

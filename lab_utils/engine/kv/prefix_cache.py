@@ -144,7 +144,11 @@ class HashChainPrefixCache(PrefixCache):
         return bid
 
     def commit_full_blocks(self, req: Request) -> None:
-        """Name every block that just became full (its tokens are computed), so later prompts can reuse it."""
+        """Name every block that just became full (its tokens are computed), so later prompts can reuse it.
+
+        The named blocks of a request are always the first ones of its table (committed in order, or hits of
+        `match_prefix`; a block keeps its name while referenced), so the walk goes back from the last full block
+        to the first unnamed one: O(new blocks) per call, not O(context)."""
         if not self.enable_prefix_caching:
             return
         n_full = min(req.num_computed_tokens, req.num_tokens) // self.block_size
@@ -153,8 +157,10 @@ class HashChainPrefixCache(PrefixCache):
             i = len(hashes)
             ids = tuple(req.token_ids[i * self.block_size:(i + 1) * self.block_size])
             hashes.append((self.hash_block(hashes[-1][0] if hashes else None, ids), ids))
-        for i in range(n_full):
+        first = n_full  # the first unnamed full block
+        while first > 0 and self.blocks[req.block_table[first - 1]].hash is None:
+            first -= 1
+        for i in range(first, n_full):  # in order: a repeated name stays with its first block
             blk = self.blocks[req.block_table[i]]
-            if blk.hash is None:
-                blk.hash, blk.token_ids = hashes[i]
-                self.hash_to_block.setdefault(blk.hash, blk.block_id)
+            blk.hash, blk.token_ids = hashes[i]
+            self.hash_to_block.setdefault(blk.hash, blk.block_id)
