@@ -7,8 +7,16 @@ import pytest
 
 from lab_utils.checks import lab08
 from lab_utils.checks.teacher_forced import GreedyRuns
+from tests.unit import step_profiles
 
 BUDGET = 32
+# the long workload's steps: the base config prefills a long prompt in one step of 416 tokens beside decodes;
+# the small budget cuts it into chunks of 32
+LONG_STEPS = [416, 9, 9, 9, 9, 9] + [BUDGET] * 13 + [9] * 20
+
+
+def step_logs(profile: str) -> list[list[dict]]:
+    return [step_profiles.log(LONG_STEPS, profile)]
 
 
 def _row(engine, config, workload="main", **kw):
@@ -17,7 +25,7 @@ def _row(engine, config, workload="main", **kw):
     return {**base, **kw}
 
 
-def good() -> dict:
+def good(profile: str = "cpu") -> dict:
     rows = []
     for e in ("lab", "vllm"):
         rows += [
@@ -33,7 +41,8 @@ def good() -> dict:
     rows.append(_row("lab", "tight KV, bf16", kv_blocks=8))
     goodput = {(e, c): v for e in ("lab", "vllm") for c, v in (("base", 1.2), ("max_num_seqs=1", 0.3))}
     return dict(rows=rows, engines=["lab", "vllm"], goodput=goodput, small_budget=BUDGET, max_num_seqs=8,
-                auto_bytes=4, agree=GreedyRuns(total=8, identical=7, near_ties={"3": 2e-4}), sweep={"best": 8, "table": {1: 0.3, 4: 0.9, 8: 1.2}})
+                auto_bytes=4, agree=GreedyRuns(total=8, identical=7, near_ties={"3": 2e-4}), sweep={"best": 8, "table": {1: 0.3, 4: 0.9, 8: 1.2}},
+                step_logs=step_logs(profile))
 
 
 def test_a_good_run_passes(capsys):
@@ -161,3 +170,25 @@ def test_the_learners_sweep_is_judged_over_its_rounds(capsys):
     r["sweep"] = rounds({1: 0.5, 4: 0.2, 8: 0.1}, {1: 0.6, 4: 0.6, 8: 0.2})  # ties go to the smaller value: 1
     with pytest.raises(AssertionError, match="your sweep ran the lab engine"):
         lab08.assert_claims(r, show=False)
+
+
+def _gap_claims(r: dict) -> list:
+    return [c for c in lab08.claims(r) if "worst inter-token gap" in c[0]]
+
+
+def test_on_a_launch_bound_device_the_worst_gap_claim_is_not_judged_never_a_false_fail():
+    """Flat step costs: a 416-token step stalls the decodes as long as a 32-token chunk; the gap ratio such a
+    device measures (~1x) is NOT JUDGED, saying why; the claims that do not depend on step costs stay judged."""
+    r = good("launch")
+    for e in ("lab", "vllm"):
+        r = set_row(r, e, f"max_num_batched_tokens={BUDGET}", "long", max_itl_ms=1450.0)  # ~1.03x: what it measures
+    gaps = _gap_claims(r)
+    assert len(gaps) == 2 and all(ok is None and "NOT JUDGED: on this device a step costs" in text
+                                  for text, ok in gaps)
+    lab08.assert_claims(r, show=False)  # no FAIL among the others either
+
+
+def test_on_a_compute_bound_device_the_worst_gap_claim_is_judged_both_ways():
+    assert all(ok is True for _, ok in _gap_claims(good("cpu")))
+    r = set_row(good("cpu"), "lab", f"max_num_batched_tokens={BUDGET}", "long", max_itl_ms=1450.0)
+    assert [ok for _, ok in _gap_claims(r)] == [False, True]
