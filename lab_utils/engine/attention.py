@@ -9,8 +9,10 @@ Two implementations of the same maths:
 """
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -71,35 +73,54 @@ class AttentionMetadata:
     @classmethod
     def build(cls, block_tables: list[list[int]], context_lens: list[int], query_lens: list[int],
               block_size: int, device: torch.device, slots_fn=None) -> "AttentionMetadata":
-        """`slots_fn`: a learner's `slot_mapping` (lab 02) in place of the vectorised one below."""
+        """`slots_fn`: a learner's `slot_mapping` (lab 02) in place of the vectorised one below.
+
+        The host side is a few numpy calls whose results travel in one int64 buffer (one host-to-device copy);
+        the slots and the mask are then computed on the device."""
         B, Q, L = len(context_lens), max(query_lens), max(context_lens)
-        nblk = max(len(t) for t in block_tables)
-        tables = torch.tensor([t + [0] * (nblk - len(t)) for t in block_tables], dtype=torch.long)
-        all_slots = slot(tables, torch.arange(L), block_size)  # [B, L]: every sequence's slots of positions 0..L-1
-        ctx = torch.tensor(context_lens)
-        qlen = torch.tensor(query_lens)
-        j = torch.arange(Q)
-        qpos = (ctx - qlen)[:, None] + j[None, :]  # absolute position of each query
+        nblk = -(-L // block_size)  # blocks that hold positions 0..L-1 (a table may hold more: never read)
+        ctx = np.asarray(context_lens, dtype=np.int64)
+        qlen = np.asarray(query_lens, dtype=np.int64)
+        j = np.arange(Q)
         valid_q = j[None, :] < qlen[:, None]
-        qpos = torch.where(valid_q, qpos, torch.zeros_like(qpos))  # padded queries look at key 0 (never NaN)
-        starts = torch.cumsum(qlen, 0) - qlen
-        query_index = torch.where(valid_q, starts[:, None] + j[None, :], torch.zeros_like(qpos))
-        b_idx, j_idx = valid_q.nonzero(as_tuple=True)
-        if slots_fn is None:
-            slot_mapping = all_slots[b_idx, qpos[b_idx, j_idx]]
-        else:
+        qpos = np.where(valid_q, (ctx - qlen)[:, None] + j[None, :], 0)  # padded queries look at key 0 (never NaN)
+        starts = np.cumsum(qlen) - qlen
+        query_index = np.where(valid_q, starts[:, None] + j[None, :], 0)
+        b_idx, j_idx = np.nonzero(valid_q)
+        host = np.concatenate([padded_tables(block_tables, nblk).ravel(), qpos.ravel(), query_index.ravel(),
+                               b_idx * Q + j_idx, b_idx, qpos[b_idx, j_idx]])
+        packed = torch.from_numpy(host).to(device)
+        sizes = [B * nblk, B * Q, B * Q, len(b_idx), len(b_idx), len(b_idx)]
+        tables, qpos_d, query_index_d, unpad_index, tok_seq, tok_pos = packed.split(sizes)
+        keys = torch.arange(L, device=device)
+        all_slots = slot(tables.view(B, nblk), keys, block_size)  # [B, L]: every sequence's slots of 0..L-1
+        qpos_d = qpos_d.view(B, Q)
+        slot_mapping = all_slots[tok_seq, tok_pos]
+        if slots_fn is not None:
             slot_mapping = checked_slots(slots_fn(block_tables, context_lens, query_lens, block_size),
-                                         all_slots[b_idx, qpos[b_idx, j_idx]], block_tables, context_lens,
-                                         query_lens)
-        mask = (torch.arange(L)[None, None, :] <= qpos[:, :, None]).unsqueeze(1)
+                                         slot_mapping.cpu(), block_tables, context_lens, query_lens).to(device)
+        mask = (keys[None, None, :] <= qpos_d[:, :, None]).unsqueeze(1)
         return cls(
-            slot_mapping=slot_mapping.to(device),
-            context_slots=all_slots.to(device),
-            query_index=query_index.to(device),
-            unpad_index=(b_idx * Q + j_idx).to(device),
-            mask=mask.to(device),
+            slot_mapping=slot_mapping,
+            context_slots=all_slots,
+            query_index=query_index_d.view(B, Q),
+            unpad_index=unpad_index,
+            mask=mask,
             decode_only=Q == 1,
         )
+
+
+def padded_tables(block_tables: list[list[int]], width: int) -> np.ndarray:
+    """The block tables as one int64 array [B, width]: each row's first `width` blocks, padded with block 0 (its
+    slots are masked out). One flat pass over the ids, not a Python list per row."""
+    lens = np.fromiter(map(len, block_tables), dtype=np.int64, count=len(block_tables))
+    flat = np.fromiter(itertools.chain.from_iterable(block_tables), dtype=np.int64, count=int(lens.sum()))
+    rows = np.repeat(np.arange(len(block_tables)), lens)
+    cols = np.arange(len(flat)) - np.repeat(np.cumsum(lens) - lens, lens)
+    keep = cols < width
+    out = np.zeros((len(block_tables), width), dtype=np.int64)
+    out[rows[keep], cols[keep]] = flat[keep]
+    return out
 
 
 class PagedAttention:
