@@ -113,6 +113,21 @@ def rope_inv_freq(head_dim: int, theta: float, scaling: dict | None = None) -> t
     return inv_freq.float()
 
 
+class RopeFn(Protocol):
+    """A RoPE implementation: x [B, T, H, D], positions [B, T] -> x rotated (lab 00's exercise)."""
+
+    def __call__(self, x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor: ...
+
+
+def _rotating(attention: AttentionFn, rope: RopeFn, positions: torch.Tensor, theta: float) -> AttentionFn:
+    """`attention` whose q and k are first rotated by `rope` at `positions`."""
+
+    def call(layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return attention(layer_idx, rope(q, positions, theta), rope(k, positions, theta), v)
+
+    return call
+
+
 def rotate_half(x: torch.Tensor) -> torch.Tensor:
     x1, x2 = x.chunk(2, dim=-1)
     return torch.cat((-x2, x1), dim=-1)
@@ -212,11 +227,25 @@ class LlamaForCausalLM(nn.Module):
         input_ids: torch.Tensor,
         positions: torch.Tensor | None = None,
         attention: AttentionFn = dense_causal_attention,
+        rope: RopeFn | None = None,
     ) -> torch.Tensor:
-        """input_ids [B, T] -> final hidden states [B, T, H] (after the last norm)."""
+        """input_ids [B, T] -> final hidden states [B, T, H] (after the last norm).
+
+        `rope(x, positions, theta)`, when given, rotates every layer's q and k instead of the built-in tables
+        (lab 00 runs a learner's RoPE this way); it supports no `rope_scaling`."""
         positions = self.checked_positions(input_ids, positions)
         x = self.model.embed_tokens(input_ids)
-        cos, sin = self.model.rotary_emb(positions, x.dtype)
+        if rope is None:
+            cos, sin = self.model.rotary_emb(positions, x.dtype)
+        else:
+            if self.config.rope_scaling:
+                raise ValueError("a replacement rope(x, positions, theta) cannot apply this model's rope_scaling; "
+                                 "use a model without rope scaling (SmolLM2 has none)")
+            # the built-in rotation becomes the identity (cos 1, sin 0 leave q and k unchanged, bit for bit) and
+            # `rope` rotates q and k on their way into attention
+            cos = torch.ones(*positions.shape, self.config.head_dim, dtype=x.dtype, device=x.device)
+            sin = torch.zeros_like(cos)
+            attention = _rotating(attention, rope, positions, self.config.rope_theta)
         for layer in self.model.layers:
             x = layer(x, cos, sin, attention)
         return self.model.norm(x)
@@ -243,6 +272,7 @@ class LlamaForCausalLM(nn.Module):
         input_ids: torch.Tensor,
         positions: torch.Tensor | None = None,
         attention: AttentionFn = dense_causal_attention,
+        rope: RopeFn | None = None,
     ) -> torch.Tensor:
         """[B, T] int64 -> [B, T, vocab] logits."""
-        return self.logits(self.hidden_states(input_ids, positions, attention))
+        return self.logits(self.hidden_states(input_ids, positions, attention, rope))

@@ -150,3 +150,99 @@ def test_step_checker_catches_a_step_that_only_breaks_inside_the_model():
     with pytest.raises(AssertionError, match="tiny model logits"):
         lab00.check_cached_attention(wrong_after_a_while, seed=0)
     assert calls["n"] > 3
+
+
+# --- the learner's rope inside the model -------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tiny_model():
+    from lab_utils.models.loader import build_random
+    from lab_utils.models.registry import REGISTRY
+
+    return build_random(REGISTRY["tiny-random"].config, seed=1).eval()
+
+
+def _prompt(model):
+    return torch.randint(0, model.config.vocab_size, (1, 7), generator=torch.Generator().manual_seed(0))
+
+
+def test_the_model_runs_a_given_rope_bit_for_bit(tiny_model):
+    ids = _prompt(tiny_model)
+    with torch.no_grad():
+        assert torch.equal(tiny_model(ids, rope=lab00.reference_rope), tiny_model(ids))
+
+
+def test_rope_in_model_counts_every_call_and_the_claim_reports_it(tiny_model, capsys):
+    n, layers = 4, tiny_model.config.num_hidden_layers
+    got = lab00.check_rope_in_model(tiny_model, _prompt(tiny_model), good_rope, n=n)
+    assert got == dict(calls=2 * layers * n, forwards=n, layers=layers, logits_match=True)
+    assert f"your rope ran {2 * layers * n} times inside the model" in capsys.readouterr().out
+    text, ok = lab00._rope_claim(got)
+    assert ok and f"your rope ran {2 * layers * n} times inside the model" in text
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"calls": 0}, "ran 0 times"),                     # a model that never called it
+    ({"calls": 7}, "ran 7 times"),                     # called in some layers only
+    ({"logits_match": False}, "changed its logits"),
+])
+def test_the_rope_claim_fails_when_the_model_did_not_run_it(tiny_model, change, message):
+    good = dict(calls=2 * 3 * 4, forwards=4, layers=3, logits_match=True)
+    text, ok = lab00._rope_claim({**good, **change})
+    assert ok is False and message in text
+
+
+def test_rope_claim_is_in_lab00_claims_and_can_fail():
+    from tests.unit.test_claims_lab00 import good
+
+    r = {**good(), "rope_in_model": dict(calls=0, forwards=6, layers=30, logits_match=True)}
+    with pytest.raises(AssertionError, match="your rope ran 0 times"):
+        lab00.assert_claims(r, show=False)
+
+
+def test_rope_in_model_rejects_a_rope_that_only_breaks_at_an_offset(tiny_model):
+    """Right for the first 7 positions (the prompt), wrong for the decode steps: only the model run sees it."""
+    def wrong_after_the_prompt(x, positions, theta):
+        return good_rope(x, positions.clamp(max=6), theta)
+
+    with pytest.raises(AssertionError, match="changes the logits of the decode step at position 7"):
+        lab00.check_rope_in_model(tiny_model, _prompt(tiny_model), wrong_after_the_prompt, n=6)
+
+
+def test_rope_in_model_needs_a_decode_step(tiny_model):
+    with pytest.raises(ValueError, match="n must be >= 2"):
+        lab00.check_rope_in_model(tiny_model, _prompt(tiny_model), good_rope, n=1)
+
+
+# --- the goodput claim when one side met no SLO in a round --------------------------------------------------
+
+
+def _rounds(bat, seq):
+    from tests.unit.test_claims_lab00 import _serving, loaded
+
+    r = loaded()
+    r["bat_rounds"] = [{**m, "request_goodput": g} for m, g in zip(r["bat_rounds"], bat)]
+    r["seq_rounds"] = [{**m, "request_goodput": g} for m, g in zip(r["seq_rounds"], seq)]
+    return r
+
+
+def _goodput_line(r) -> tuple[str, bool | None]:
+    return next((t, ok) for t, ok in lab00.claims(r) if t.startswith("the batch has higher goodput"))
+
+
+def test_goodput_with_a_zero_side_prints_each_round_not_an_infinite_range():
+    text, ok = _goodput_line(_rounds([0.4, 0.0, 0.3], [0.0, 0.2, 0.0]))  # ratios inf, 0, inf
+    assert "inf" not in text and "0.00x" not in text
+    assert "each round, batch vs one at a time: 0.40 vs 0.00, 0.00 vs 0.20, 0.30 vs 0.00 req/s" in text
+    assert ok is None and "NOT JUDGED" in text
+
+
+def test_goodput_where_only_the_batch_meets_the_slo_passes_and_says_so():
+    text, ok = _goodput_line(_rounds([0.4, 0.5, 0.3], [0.0, 0.0, 0.0]))
+    assert ok is True and "inf" not in text and "0.50 vs 0.00" in text
+
+
+def test_goodput_where_only_one_at_a_time_meets_the_slo_fails():
+    text, ok = _goodput_line(_rounds([0.0, 0.0, 0.0], [0.2, 0.1, 0.3]))
+    assert ok is False and "0.00x" not in text and "0.00 vs 0.10" in text
