@@ -10,6 +10,7 @@ import random
 from collections.abc import Callable
 
 from lab_utils.checks.claims import Claim
+from lab_utils.checks.part_named import checks_part
 
 
 def _random_stream(rng: random.Random) -> tuple[list[str], list[dict]]:
@@ -152,6 +153,7 @@ def _run_async(make: Callable):
     return box.get("value")
 
 
+@checks_part("server.stream_sse")
 def check_stream_sse(fn: Callable, seed: int | None = 0) -> None:
     """`fn(outputs, to_chunk, abort)`, an async generator of SSE lines: on fake streams (whole ones, a failed
     request, a client that leaves after k events, one cancelled while it waits for the engine, an engine that
@@ -187,6 +189,12 @@ def check_stream_sse(fn: Callable, seed: int | None = 0) -> None:
                     f"a whole stream of {n} outputs (finish reason {reason!r}): line {first} is "
                     f"{got[first] if first < len(got) else '(missing)'!r}, expected "
                     f"{want[first] if first < len(want) else '(nothing)'!r}\n   hint: {_format_hint(got, want)}")
+            if aborts:
+                raise AssertionError(
+                    f"a whole stream of {n} outputs (finish reason {reason!r}) ran to [DONE], yet your loop called "
+                    f"abort() {len(aborts)} time(s)\n   hint: abort() is for a client that left before the request "
+                    f"finished; a finished request has nothing to abort (remember whether the last output was "
+                    f"finished, and abort in `finally` only when it was not)")
             # a client that leaves after k events: the server closes the generator (GeneratorExit)
             k = rng.randint(1, max(n - 1, 1))
             if n > 1:

@@ -180,3 +180,35 @@ def test_stream_checker_lets_the_stub_through(learner_dir):
 
     with pytest.raises(NotImplementedError):
         lab12.check_stream_sse(stream)
+
+
+async def _aborts_a_finished_request(outputs, to_chunk, abort):
+    try:
+        async for out in outputs:
+            yield f"data: {json.dumps(to_chunk(out))}\n\n"
+        yield "data: [DONE]\n\n"
+    finally:
+        abort()  # also after [DONE]: the engine retired this request already
+
+
+async def _aborts_before_done(outputs, to_chunk, abort):
+    async for out in outputs:
+        yield f"data: {json.dumps(to_chunk(out))}\n\n"
+        if out.finished:
+            abort()
+    yield "data: [DONE]\n\n"
+
+
+@pytest.mark.parametrize("bad", [_aborts_a_finished_request, _aborts_before_done])
+def test_stream_checker_rejects_an_abort_of_a_finished_request(bad, learner_dir):
+    with pytest.raises(AssertionError, match=r"ran to \[DONE\], yet your loop called abort\(\)") as err:
+        lab12.check_stream_sse(bad)
+    assert str(err.value).startswith("server.stream_sse (lab 12, my_engine/server.py): ")
+
+
+@pytest.mark.parametrize("bad", [_never_aborts, _no_done, _one_newline])
+def test_every_stream_rejection_names_the_part_and_its_file(bad, learner_dir):
+    with pytest.raises(AssertionError) as err:
+        lab12.check_stream_sse(bad)
+    assert str(err.value).startswith("server.stream_sse (lab 12, my_engine/server.py): ")
+    assert "abort() 1 time" not in str(err.value)  # the finished-request diagnosis stays silent on other mistakes
