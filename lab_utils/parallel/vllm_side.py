@@ -2,7 +2,10 @@
 (`kv_transfer_config`). They need two GPUs (one per rank / per instance); elsewhere `skip_reason` says why not.
 
 - TP: `LLM(model, tensor_parallel_size=2)` splits every layer's heads and MLP columns over two GPUs with NCCL
-  all-reduces, as `lab_utils.parallel` does with its two ranks.
+  all-reduces, as `lab_utils.parallel` does with its two ranks. vLLM splits whole heads only, so it refuses
+  SmolLM2 at TP=2 (9 query heads, 3 KV heads; `kv_heads.vllm_tp_refusal`): its TP run uses `VLLM_TP_MODEL`, the
+  Llama-3.2-1B shape with random weights, written to a folder (`random_weights_folder`) so that vLLM loads the
+  very weights the lab's ranks draw.
 - P/D: two vLLM instances, prefill on GPU 0 and decode on GPU 1, each started with a `kv_transfer_config`.
   vLLM's `ExampleConnector` (the connector of its offline disaggregation example) writes the prompt's KV to a
   shared folder from the prefill instance and loads it in the decode instance; production deployments use
@@ -20,6 +23,9 @@ from pathlib import Path
 import torch
 
 from lab_utils import vllm_env
+from lab_utils.parallel.kv_heads import check_vllm_tp
+
+VLLM_TP_MODEL = "llama-3.2-1b-random"  # 32 query heads, 8 KV heads: any TP size up to 8 that vLLM accepts
 
 
 def skip_reason(gpus_needed: int = 2) -> str | None:
@@ -36,9 +42,54 @@ def tp_kwargs(tensor_parallel_size: int = 2, **flags) -> dict:
     return vllm_env.llm_kwargs(tensor_parallel_size=tensor_parallel_size, **flags)
 
 
+def random_weights_folder(name: str, folder: str | Path | None = None, seed: int = 0,
+                          device: str = "cpu") -> Path:
+    """Write a registered random-weight model (the weights `load_model(name, seed=seed)` draws on `device`; CPU
+    and CUDA generators differ) as a Hugging Face folder vLLM loads: config.json, model.safetensors (fp32, the
+    tied lm_head left out as HF does) and its tokenizer's files. Returns the folder (default: the course cache)."""
+    import shutil
+
+    from safetensors.torch import save_file
+
+    from lab_utils.models.loader import load_model, tokenizer_folder
+    from lab_utils.models.registry import REGISTRY
+    from lab_utils.paths import cache_dir
+
+    spec = REGISTRY.get(name)
+    if spec is None or spec.kind != "random":
+        randoms = sorted(n for n, r in REGISTRY.items() if r.kind == "random")
+        raise ValueError(f"{name!r} is not a registered random-weight model: choose one of {randoms}")
+    out = Path(folder) if folder is not None else cache_dir() / "models" / f"{name}-seed{seed}-{device}"
+    if (out / "model.safetensors").exists() and (out / "config.json").exists():
+        return out
+    out.mkdir(parents=True, exist_ok=True)
+    model, _ = load_model(name, device=device, dtype=torch.float32, seed=seed)
+    state = {k: v.detach().to("cpu").contiguous() for k, v in model.state_dict().items() if "rotary_emb" not in k}
+    if spec.config.get("tie_word_embeddings"):
+        state.pop("lm_head.weight", None)
+    save_file(state, str(out / "model.safetensors.part"), metadata={"format": "pt"})
+    config = dict(spec.config, architectures=["LlamaForCausalLM"], model_type="llama", torch_dtype="float32")
+    (out / "config.json").write_text(json.dumps(config, indent=1))
+    for f in tokenizer_folder(name).iterdir():
+        if f.name.startswith("tokenizer") or f.name in ("chat_template.jinja", "special_tokens_map.json"):
+            shutil.copy(f, out / f.name)
+    (out / "model.safetensors.part").rename(out / "model.safetensors")  # last: a folder with it is complete
+    return out
+
+
+def check_folder_tp(model_folder: str | Path, tensor_parallel_size: int) -> None:
+    """Raise ValueError, as vLLM would and before it starts, when the folder's head counts do not split over
+    `tensor_parallel_size` GPUs the way vLLM splits them."""
+    cfg = json.loads((Path(model_folder) / "config.json").read_text())
+    heads = cfg["num_attention_heads"]
+    check_vllm_tp(heads, cfg.get("num_key_value_heads", heads), tensor_parallel_size, str(model_folder))
+
+
 def run_tp(model_folder: str, prompts: list[list[int]], max_tokens: int, tensor_parallel_size: int = 2,
            **flags) -> list[list[int]]:
-    """Greedy token ids from vLLM with `tensor_parallel_size` GPUs (raises where `skip_reason()` is not None)."""
+    """Greedy token ids from vLLM with `tensor_parallel_size` GPUs (raises where `skip_reason()` is not None, or
+    where vLLM would refuse the model's head counts: `check_folder_tp`)."""
+    check_folder_tp(model_folder, tensor_parallel_size)
     why = skip_reason(tensor_parallel_size)
     if why:
         raise RuntimeError(why)

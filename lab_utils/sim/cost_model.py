@@ -201,19 +201,25 @@ def step_cost(model: ModelSpec, hw: Hardware, batch: Sequence[tuple[int, int]], 
 
 
 def kv_capacity(model: ModelSpec, hw: Hardware, num_gpus: int = 1, gpu_memory_utilization: float = 0.9,
-                reserve_bytes: float = 0.0) -> dict:
-    """KV tokens that fit when the model is sharded (TP) over `num_gpus`: weights are paid once in total
-    (1/n per device), and everything else the devices hold becomes KV. Same formula as vLLM's sizing:
-    free = n · (memory · utilization − reserve) − weights."""
+                reserve_bytes: float = 0.0, tp: int | None = None) -> dict:
+    """KV tokens that fit when the model is sharded over `num_gpus` (`tp` of them in tensor parallel, all by
+    default; the rest pipeline stages): weights are paid once in total (1/n per device), and everything else the
+    devices hold becomes KV. Same formula as vLLM's sizing: free = n · (memory · utilization − reserve) − weights,
+    over the bytes per token, times the KV heads' replication when TP exceeds them
+    (`lab_utils.parallel.kv_heads`)."""
+    from lab_utils.parallel.kv_heads import kv_replication
+
     if not 0 < gpu_memory_utilization <= 1:
         raise ValueError(f"gpu_memory_utilization={gpu_memory_utilization} is invalid: must be in (0, 1]")
     if num_gpus < 1:
         raise ValueError(f"num_gpus={num_gpus} is invalid: must be >= 1")
+    replication = kv_replication(model.num_kv_heads, num_gpus if tp is None else tp)
     usable = num_gpus * (hw.mem_bytes * gpu_memory_utilization - reserve_bytes)
     free = usable - model.weight_bytes
-    tokens = max(0, int(free // model.kv_bytes_per_token))
+    per_token = model.kv_bytes_per_token if replication == 1 else model.kv_bytes_per_token * replication
+    tokens = max(0, int(free // per_token))
     return {"fits": free > 0, "weight_bytes": model.weight_bytes, "usable_bytes": usable, "kv_bytes": max(free, 0.0),
-            "kv_tokens": tokens, "kv_bytes_per_token": model.kv_bytes_per_token}
+            "kv_tokens": tokens, "kv_bytes_per_token": model.kv_bytes_per_token, "kv_replication": replication}
 
 
 def max_concurrent_seqs(model: ModelSpec, hw: Hardware, seq_len: int, num_gpus: int = 1, block_size: int = 16,

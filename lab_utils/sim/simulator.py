@@ -333,7 +333,7 @@ def make_engine(model, hw, config: EngineConfig, tp: int = 1, pp: int = 1, name:
     """One serving instance on tp·pp devices of `hw`, its KV pool sized like vLLM sizes it."""
     from lab_utils.sim.cost_model import kv_capacity
 
-    cap = kv_capacity(model, hw, tp * pp, gpu_memory_utilization)
+    cap = kv_capacity(model, hw, tp * pp, gpu_memory_utilization, tp=tp)
     if not cap["fits"]:
         raise ValueError(f"{model.name} ({model.weight_bytes / 1e9:.1f} GB of weights) does not fit on "
                          f"{tp * pp} x {hw.name} at gpu_memory_utilization={gpu_memory_utilization}; use more devices")
