@@ -10,6 +10,7 @@ import pytest
 
 from lab_utils.checks import lab15
 from lab_utils.efficiency import fanout
+from tests.unit import step_profiles
 
 
 def good() -> dict:
@@ -135,12 +136,18 @@ def test_a_router_that_never_ran_fails():
 
 
 # ------------------------------------------------------------------------------------------------- contexts
-def _contexts_r() -> dict:
+# the reader's prefills of the timing cell, one a turn and variant (tokens a turn: full 240, last 118, session 72,
+# compressed 118 after a full scoring pass), two rounds
+PREFILLS = [240, 118, 72, 240, 118] * 4 * 2
+
+
+def _contexts_r(profile: str = "cpu") -> dict:
     return dict(turns=4, k=8, budgets=[100, 110, 120, 130], compressed_sizes=[98, 110, 119, 127], whole_words=4,
                 scoring_tokens=960, tokens={"full": 960, "last": 470, "session": 290, "compressed": 474},
                 kept={"full": 1.0, "last": 0.5, "session": 0.0, "compressed": 0.25, "random words": 0.25},
                 agreed_tokens={"full": 8.0, "last": 5.0, "session": 1.5, "compressed": 2.0, "random words": 2.0},
-                ttft_s={"full": [4.4, 4.3], "last": [2.3, 2.2], "session": [1.4, 1.4], "compressed": [8.0, 7.9]})
+                ttft_s={"full": [4.4, 4.3], "last": [2.3, 2.2], "session": [1.4, 1.4], "compressed": [8.0, 7.9]},
+                step_logs=[step_profiles.log(PREFILLS, profile)])
 
 
 def test_shorter_contexts_that_hold_pass(capsys):
@@ -198,6 +205,7 @@ def test_a_compressor_that_drops_single_tokens_fails_the_whole_word_claim():
     scores = {v: [(8, -0.5)] * len(turns) for v in turns[0]}
     scores["last"] = [(3, -1.0)] * len(turns)
     r = contexts.summary(turns, scores, 8, budgets, _contexts_r()["ttft_s"], sum(len(t["full"]) for t in turns))
+    r["step_logs"] = _contexts_r()["step_logs"]
     assert r["whole_words"] == 0
     verdicts = dict(lab15.contexts_claims(r))
     assert [ok for text, ok in verdicts.items() if "only whole history words" in text] == [False]
@@ -236,3 +244,23 @@ def test_every_setting_has_the_time_of_the_tasks_each_model_serves():
     for p in pts[1:-1]:
         sent = (len(tasks) - p.to_small) / len(tasks)           # equal tokens a task in _scored
         assert p.time_s == pytest.approx(small.wall_s + sent * target.wall_s)
+
+
+def test_on_a_launch_bound_device_the_session_ttft_claim_is_not_judged_never_a_false_fail():
+    """Flat step costs: 72 and 240 prompt tokens are one prefill step each, ~1x sooner; the claim says why. The
+    compressor's claim (a scoring pass and a prefill against one prefill) holds on any device and stays judged."""
+    r = _contexts_r("launch")
+    r["ttft_s"] = {"full": [0.124, 0.121], "last": [0.121, 0.122], "session": [0.12, 0.123],
+                   "compressed": [0.245, 0.241]}  # what such a device measures: 4 turns of one 30 ms step each
+    claims = dict(lab15.contexts_claims(r))
+    session = [(text, ok) for text, ok in claims.items() if "session state reached" in text]
+    assert len(session) == 1 and session[0][1] is None and "NOT JUDGED: on this device" in session[0][0]
+    assert [ok for text, ok in claims.items() if "its scoring pass counted" in text] == [True]
+    lab15.assert_claims(dict(good(), contexts=r), show=False)
+
+
+def test_on_a_compute_bound_device_the_session_ttft_claim_is_judged_both_ways():
+    claims = dict(lab15.contexts_claims(_contexts_r("cpu")))
+    assert [ok for text, ok in claims.items() if "session state reached" in text] == [True]
+    with pytest.raises(AssertionError, match="sooner than the full"):
+        lab15.assert_claims(_contexts_with(("ttft_s", "session"), [4.3, 4.4]), show=False)
