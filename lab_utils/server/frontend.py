@@ -18,6 +18,7 @@ from lab_utils.server.metrics import ServerMetrics
 from lab_utils.server.offload import CompilerBusy, Offload, SchemaTooComplex
 from lab_utils.server.schemas import ChatRequest, CommonFields
 from lab_utils.server.tools import ToolRequestError, structured_output, tool_schema
+from lab_utils.structured.schema import ServerLimit
 
 RETRY_AFTER_S = 1  # what a 503 "queue full" asks the client to wait
 
@@ -81,14 +82,14 @@ class Frontend:
                 for i, tool in enumerate(req.tools):
                     try:
                         await self.offload.compile(tool_schema(tool))
-                    except SchemaTooComplex:
+                    except (SchemaTooComplex, ServerLimit):
                         raise
                     except ValueError as exc:
                         raise ToolRequestError(f"tools[{i}].function.parameters: {exc}", "tools") from None
             await self.offload.compile(so)
         except ToolRequestError as exc:
             raise APIError(400, str(exc), param=exc.param) from None
-        except SchemaTooComplex as exc:
+        except (SchemaTooComplex, ServerLimit) as exc:  # too slow to compile, or too deep to check
             raise APIError(400, f"{param}: {exc}", param=param, code="schema_too_complex") from None
         except CompilerBusy as exc:
             raise APIError(503, str(exc), "server_busy", headers={"Retry-After": str(RETRY_AFTER_S)}) from None

@@ -21,6 +21,8 @@ import json
 import math
 from collections.abc import Callable
 
+from lab_utils.structured.pointer import resolve
+
 ANNOTATIONS = {"title", "description", "$comment", "default", "examples", "$schema", "deprecated", "readOnly",
                "writeOnly"}
 LOWER_BOUNDS = ("minimum", "exclusiveMinimum", "minLength", "minItems", "minProperties", "minContains")
@@ -107,7 +109,7 @@ def excludes(made, other, root: dict, depth: int = 0) -> bool:
         return False
     if isinstance(other.get("$ref"), str) and set(other) <= {"$ref"} | ANNOTATIONS:
         try:
-            return excludes(made, _resolve(root, other["$ref"]), root, depth + 1)
+            return excludes(made, resolve(root, other["$ref"]), root, depth + 1)
         except (KeyError, ValueError):
             return False
     if isinstance(made.get("anyOf"), list) and made["anyOf"] and all(
@@ -194,14 +196,6 @@ def _canon(v) -> str:
     return json.dumps(norm(v), sort_keys=True)
 
 
-def _resolve(root: dict, ref: str):
-    node = root
-    for part in ref[2:].split("/") if ref != "#" else []:
-        part = part.replace("~1", "/").replace("~0", "~")
-        node = node[int(part)] if isinstance(node, list) else node[part]
-    return node
-
-
 # -- the merge of two schemas: values valid for both -----------------------------------------------------
 class _Merge:
     def __init__(self, root: dict, unsupported, unsatisfiable, depth: int) -> None:
@@ -221,7 +215,7 @@ class _Merge:
             if not (ref == "#" or ref.startswith("#/")):
                 raise self.unsupported(f"{where}: $ref {ref!r} is not supported: only references inside this schema")
             try:
-                target = copy.deepcopy(_resolve(self.root, ref))
+                target = copy.deepcopy(resolve(self.root, ref))
             except (KeyError, IndexError, ValueError, TypeError):
                 raise self.unsupported(f"{where}: $ref {ref!r} points to nothing in this schema") from None
             deeper = _Merge(self.root, self.unsupported, self.unsatisfiable, self.depth + 1)

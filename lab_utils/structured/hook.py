@@ -46,7 +46,7 @@ import torch
 
 from lab_utils.engine.hooks import StepBatch, StepHook
 from lab_utils.structured.params import StructuredOutputParams
-from lab_utils.structured.schema import Unsatisfiable, prepare_schema
+from lab_utils.structured.schema import ServerLimit, Unsatisfiable, prepare_schema
 
 MaskFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 AdvanceFn = Callable[[object, list[int]], bool]
@@ -165,6 +165,8 @@ class GrammarCompiler:
                 so = dataclasses.replace(so, json=prepare_schema(schema))
             except Unsatisfiable as err:
                 return ValueError(f"structured_output.json can never be met: {err}")
+            except ServerLimit as err:
+                return ServerLimit(f"structured_output.json is beyond a limit of this server: {err}")
             except ValueError as err:
                 return ValueError(f"structured_output.json cannot be served so that every output validates: {err}")
         try:

@@ -22,13 +22,20 @@ original), or refuses it:
 - a schema no finite value can meet is refused: `minProperties` above the keys it names, `maxProperties` below
   its required keys, or a `$ref` cycle through required properties or non-empty arrays
   (`{"properties": {"next": {"$ref": "#"}}, "required": ["next"]}` has no finite output); an optional property
-  or an `anyOf` branch that admits nothing (`false`, or such a cycle) is dropped instead.
+  or an `anyOf` branch that admits nothing (`false`, or such a cycle) is dropped instead;
+- a `$ref` is a JSON Pointer with RFC 6901's escapes in a percent-encoded URI fragment (pointer.py), pointed
+  at a plainly named copy under `$defs` when the compiler would misread it;
+- a legal schema beyond what this server checks is refused as such (`ServerLimit`, naming the limit): nested
+  more than `MAX_DEPTH` subschemas deep, a chain of more than `MAX_REF_LINKS` `$ref`s, `oneOf`s that inline
+  `$ref`s into each other more than `MAX_INLINE_DEPTH` deep (a cycle through `oneOf`).
 """
 from __future__ import annotations
 
 import copy
 
-from lab_utils.structured.combine import ANNOTATIONS, distribute_any_of, flatten_all_of, one_of_as_any_of
+from lab_utils.structured.combine import (ANNOTATIONS, MAX_INLINE_DEPTH, distribute_any_of, flatten_all_of,
+                                          one_of_as_any_of)
+from lab_utils.structured.pointer import plain_refs, pointer_keys, resolve
 
 UNSUPPORTED = {
     "not": "the grammar cannot exclude a schema",
@@ -50,6 +57,8 @@ FAMILIES = (  # keyword -> the type whose values it constrains (the first family
 )
 KEPT_BESIDE_ANY_OF = {"$defs", "definitions", *ANNOTATIONS}  # the rest is merged into its branches
 MAX_NODES = 20_000  # a schema bigger than this is refused (walking it is the server's time)
+MAX_DEPTH = 256  # subschemas nested inside each other (the checks below recurse once per level)
+MAX_REF_LINKS = 100  # $refs followed one after another (a $ref to a $ref to ...)
 
 
 class Unsupported(ValueError):
@@ -60,22 +69,47 @@ class Unsatisfiable(ValueError):
     """No finite JSON value meets the schema (as far as the schema itself shows)."""
 
 
+class ServerLimit(ValueError):
+    """A legal schema beyond what this server checks (the message names the limit): the server's, not the
+    client's, fault."""
+
+
 def prepare_schema(schema: dict) -> dict:
     """The schema to compile (a narrowed copy of `schema`); ValueError naming the place and the reason if it
     cannot be generated from so that every output validates."""
     if not isinstance(schema, dict):
         raise Unsupported(f"a JSON schema must be an object, got {type(schema).__name__}")
+    depth = _depth(schema)
+    if depth > MAX_DEPTH:
+        raise ServerLimit(f"it nests subschemas {depth} deep; this server checks at most {MAX_DEPTH} levels "
+                          f"(MAX_DEPTH): nest less deeply, or name repeated parts in $defs")
     try:
         out = copy.deepcopy(schema)
         _refuse_refs_into_combinators(out)
         _Walker(out).walk(out, "#")
-        producible = _producible(out, out, "#", frozenset(), [0])
-    except (TypeError, AttributeError, KeyError, IndexError, RecursionError) as err:  # e.g. "type": [{}]
+        producible = _producible(out, out, "#", (), [0])
+    except RecursionError:
+        raise ServerLimit(f"checking it recursed deeper than this server's limit (its nesting and $ref links "
+                          f"together; at most {MAX_DEPTH} levels and {MAX_REF_LINKS} links each)") from None
+    except (TypeError, AttributeError, KeyError, IndexError) as err:  # e.g. "type": [{}]
         raise Unsupported(f"the schema is malformed ({type(err).__name__}: {err})") from None
     if not producible:
         raise Unsatisfiable("no finite value meets it: a $ref cycle runs through required properties or "
                             "non-empty arrays (or a required part admits nothing)")
-    return out
+    return plain_refs(out)
+
+
+def _depth(schema) -> int:
+    """How many objects deep the schema nests (without recursion: a deep schema must not crash the check)."""
+    deepest, stack = 0, [(schema, 1)]
+    while stack:
+        x, d = stack.pop()
+        if isinstance(x, dict):
+            deepest = max(deepest, d)
+            stack.extend((v, d + 1) for v in x.values())
+        elif isinstance(x, list):
+            stack.extend((v, d) for v in x)
+    return deepest
 
 
 def _refuse_refs_into_combinators(node) -> None:
@@ -85,17 +119,25 @@ def _refuse_refs_into_combinators(node) -> None:
         x = stack.pop()
         if isinstance(x, dict):
             ref = x.get("$ref")
-            if isinstance(ref, str) and ("/allOf/" in ref or "/oneOf/" in ref):
+            if isinstance(ref, str) and ref.startswith("#") and {"allOf", "oneOf"} & set(_keys(ref)):
                 raise Unsupported(f"$ref {ref!r} points inside an allOf / oneOf member; move that schema to $defs")
             stack.extend(x.values())
         elif isinstance(x, list):
             stack.extend(x)
 
 
+def _keys(ref: str) -> list[str]:
+    try:
+        return pointer_keys(ref)
+    except ValueError as err:
+        raise Unsupported(str(err)) from None
+
+
 class _Walker:
     def __init__(self, root: dict) -> None:
         self.nodes = 0
         self.root = root
+        self.one_of_depth = 0  # oneOfs being rewritten inside each other (through inlined $refs)
 
     def narrowed(self, node: dict, where: str) -> dict:
         self.walk(node, where)
@@ -117,7 +159,15 @@ class _Walker:
             node.clear()
             node.update(merged)
         if "oneOf" in node:  # an anyOf of disjoint branches (the compiler cannot enforce "exactly one")
-            replaced = one_of_as_any_of(node, self.root, where, self.narrowed, Unsupported, Unsatisfiable)
+            self.one_of_depth += 1
+            if self.one_of_depth > MAX_INLINE_DEPTH:
+                raise ServerLimit(f"{where}: oneOf branches inline $refs into other oneOfs more than "
+                                  f"{MAX_INLINE_DEPTH} deep (MAX_INLINE_DEPTH; a $ref cycle through oneOf): move "
+                                  f"the recursive part out of oneOf, e.g. into an anyOf")
+            try:
+                replaced = one_of_as_any_of(node, self.root, where, self.narrowed, Unsupported, Unsatisfiable)
+            finally:
+                self.one_of_depth -= 1
             node.clear()
             node.update(replaced)
         if isinstance(node.get("anyOf"), list) and set(node) - KEPT_BESIDE_ANY_OF - {"anyOf"}:
@@ -131,6 +181,8 @@ class _Walker:
         if ref is not None and not (isinstance(ref, str) and (ref == "#" or ref.startswith("#/"))):
             raise Unsupported(f"{where}: $ref {ref!r} is not supported: only references inside this schema "
                              f"('#' or '#/$defs/...')")
+        if ref is not None:
+            _keys(ref)  # a malformed pointer is named here
         if "$id" in node and where != "#":
             raise Unsupported(f"{where}: '$id' inside a schema is not supported (references resolve against the root)")
         if "type" not in node and not ({"enum", "const", "$ref", "anyOf"} & node.keys()):
@@ -201,20 +253,7 @@ class _Walker:
             raise Unsatisfiable(f"{where}: maxProperties {hi} is below the {len(set(required))} required keys")
 
 
-def _resolve(root: dict, ref: str):
-    node = root
-    for part in ref[2:].split("/") if ref != "#" else []:
-        part = part.replace("~1", "/").replace("~0", "~")
-        if isinstance(node, list) and part.isdigit():
-            node = node[int(part)]
-        elif isinstance(node, dict) and part in node:
-            node = node[part]
-        else:
-            raise ValueError(f"$ref {ref!r} points to nothing in this schema")
-    return node
-
-
-def _producible(node, root: dict, where: str, refs: frozenset, budget: list) -> bool:
+def _producible(node, root: dict, where: str, refs: tuple, budget: list) -> bool:
     """Whether some finite value meets `node` as far as its required parts go (a $ref already being expanded on
     this path counts as not producible: going round the cycle never ends)."""
     budget[0] += 1
@@ -228,7 +267,10 @@ def _producible(node, root: dict, where: str, refs: frozenset, budget: list) -> 
     if isinstance(ref, str):
         if ref in refs:
             return False
-        if not _producible(_resolve(root, ref), root, ref, refs | {ref}, budget):
+        if len(refs) >= MAX_REF_LINKS:
+            raise ServerLimit(f"{where}: it follows more than {MAX_REF_LINKS} $refs one inside another "
+                              f"(MAX_REF_LINKS); shorten the chain of $refs")
+        if not _producible(resolve(root, ref), root, ref, (*refs, ref), budget):
             return False
     if isinstance(node.get("anyOf"), list) and node["anyOf"]:
         if not any(_producible(s, root, where, refs, budget) for s in node["anyOf"]):
