@@ -15,6 +15,7 @@ from collections.abc import Callable
 import torch
 
 from lab_utils.checks.claims import Claim
+from lab_utils.checks.part_named import checks_part
 from lab_utils.speculative.verify import accept_probability, residual_distribution
 
 
@@ -41,6 +42,7 @@ def _residual_hint(p, q, got, expected) -> str:
     return ""
 
 
+@checks_part("spec.residual")
 def check_residual(fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], seed: int | None = None) -> None:
     """`fn(p [V], q [V]) -> r [V]`: max(0, p - q) normalised; p itself when p == q (nothing to correct)."""
     gen = _seed(seed)
@@ -71,6 +73,7 @@ def reference_accept_reject(p: torch.Tensor, q: torch.Tensor, draft: list[int], 
     return len(draft), p[len(draft)]
 
 
+@checks_part("spec.accept_reject")
 def check_accept_reject(fn: Callable, seed: int | None = None, cases: int = 60) -> None:
     """`fn(p [k+1, V], q [k, V], draft [k], u [k]) -> (n_accepted, dist [V])`: walk the draft left to right,
     keep token i while u[i] < min(1, p_i(x_i) / q_i(x_i)); return how many were kept and the distribution the
@@ -115,6 +118,7 @@ VERIFY_PARTS = ("spec.residual", "spec.accept_reject", "spec.verify_greedy", "sp
 
 
 # --- exercise 3: greedy verify ---------------------------------------------------------------------------------
+@checks_part("spec.verify_greedy")
 def check_verify_greedy(fn: Callable, cases: int = 80, seed: int | None = None) -> None:
     """`fn(logits [k+1, V], draft [k]) -> tokens`: keep guess i while it equals the argmax of row i, stop at the
     first that does not and append that row's argmax (the correction); all kept: append row k's argmax (the bonus)."""
@@ -158,9 +162,10 @@ def check_verify_greedy(fn: Callable, cases: int = 80, seed: int | None = None) 
 
 
 # --- exercise 4: the rollback ----------------------------------------------------------------------------------
-def _verified_state(seed: int):
+def _verified_state(seed: int, zero_guesses: bool = False):
     """A scheduler mid-run (lab 01-04's random states) and one running request right after a verify step: k
-    guesses appended, blocks grown for them, every row computed. None if no request can take guesses."""
+    guesses appended, blocks grown for them, every row computed (k = 0 with `zero_guesses`: a proposer that found
+    nothing to guess, as an n-gram proposer often does). None if no request can take guesses."""
     import random
 
     from lab_utils.checks.part_states import random_state
@@ -171,7 +176,7 @@ def _verified_state(seed: int):
     if not live:
         return None
     req = live[rng.randrange(len(live))]
-    k = rng.randint(1, 5)
+    k = 0 if zero_guesses else rng.randint(1, 5)
     if not sched.bm.grow(req, req.num_tokens + k):
         return None
     req.token_ids.extend(rng.randrange(100) for _ in range(k))
@@ -186,6 +191,7 @@ def _rollback_view(sched, rid: str) -> dict:
     return {"req.token_ids": list(req.token_ids), **snapshot(sched)}
 
 
+@checks_part("spec.rollback")
 def check_rollback(fn: Callable, cases: int = 150, seed: int = 0) -> None:
     """`fn(req, block_manager, num_guesses, num_accepted)`: after a verify step, remove the guesses from
     `req.token_ids`, lower `req.num_computed_tokens` by the rejected ones, and release the blocks past the verified
@@ -196,7 +202,7 @@ def check_rollback(fn: Callable, cases: int = 150, seed: int = 0) -> None:
 
     done = 0
     for c in range(cases):
-        state = _verified_state(seed * 100_000 + c)
+        state = _verified_state(seed * 100_000 + c, zero_guesses=c % 10 == 9)
         if state is None:
             continue
         sched, rid, k, n = state
@@ -227,6 +233,10 @@ def check_rollback(fn: Callable, cases: int = 150, seed: int = 0) -> None:
                           "must drop",
         }
         hint = hints.get(key, "")
+        if k == 0 and key == "req.token_ids" and not got[key]:
+            hint = ("with num_guesses = 0 (nothing was guessed) nothing changes, but your rollback emptied "
+                    "req.token_ids: a slice from the end, [-num_guesses:] or [:-num_guesses], is the whole list or "
+                    "nothing when num_guesses is 0; count the cut from the front (len(req.token_ids) - num_guesses)")
         if key == "block_tables" and len(req_b.block_table) < len(before["block_tables"][rid]) and \
                 want[key][rid][:len(got[key][rid])] == got[key][rid] and len(got[key][rid]) < len(want[key][rid]):
             hint = ("you dropped one block too many: the token this step adds (the correction or bonus) needs a slot "
@@ -236,7 +246,8 @@ def check_rollback(fn: Callable, cases: int = 150, seed: int = 0) -> None:
                              + (f"\nlikely mistake: {hint}" if hint else "")
                              + f"\nthe request before: {len(before['req.token_ids'])} tokens, "
                                f"{before['num_computed_tokens'][rid]} computed, blocks {before['block_tables'][rid]}")
-    print(f"check_rollback passed: {done} verified requests (0..k guesses kept) rolled back as the engine does")
+    print(f"check_rollback passed: {done} verified requests (0..k guesses kept, k = 0 included) rolled back as the "
+          f"engine does")
     from lab_utils.course import learner_parts
 
     learner_parts.submit("spec.rollback", fn)

@@ -275,4 +275,6 @@ class LlamaForCausalLM(nn.Module):
         rope: RopeFn | None = None,
     ) -> torch.Tensor:
         """[B, T] int64 -> [B, T, vocab] logits."""
-        return self.logits(self.hidden_states(input_ids, positions, attention, rope))
+        if rope is None:  # subclasses (the engine's fused CPU layers) take no rope
+            return self.logits(self.hidden_states(input_ids, positions, attention))
+        return self.logits(self.hidden_states(input_ids, positions, attention, rope=rope))

@@ -99,7 +99,7 @@ def test_checkers_let_not_implemented_propagate():
 
 # --- the rollback ------------------------------------------------------------------------------------------------
 def good_rollback(req, bm, num_guesses, num_accepted):  # an independent solution
-    req.token_ids = req.token_ids[:-num_guesses]
+    req.token_ids = req.token_ids[:len(req.token_ids) - num_guesses]
     req.num_computed_tokens = req.num_computed_tokens - num_guesses + num_accepted
     while len(req.block_table) > bm.blocks_needed(req.num_computed_tokens + 1):
         bm.release(req.block_table.pop())
@@ -135,8 +135,34 @@ def test_rollback_accepts_a_correct_solution(capsys):
     (dict(use_release=False), "block_manager.release"),
 ])
 def test_rollback_names_each_mistake(kw, message):
-    with pytest.raises(AssertionError, match=message):
+    with pytest.raises(AssertionError, match=message) as err:
         lab07.check_rollback(rollback_variant(**kw))
+    assert str(err.value).startswith("spec.rollback (lab 07, my_engine/spec.py): ")
+    assert "num_guesses = 0" not in str(err.value)  # the zero-guess cause stays silent on other mistakes
+
+
+def _cuts_from_the_end(req, bm, num_guesses, num_accepted):
+    req.token_ids = req.token_ids[:-num_guesses]  # [:-0] is [:0]: empties the list when nothing was guessed
+    good_rollback_rest(req, bm, num_guesses, num_accepted)
+
+
+def _deletes_from_the_end(req, bm, num_guesses, num_accepted):
+    del req.token_ids[-num_guesses:]  # [-0:] is the whole list
+    good_rollback_rest(req, bm, num_guesses, num_accepted)
+
+
+def good_rollback_rest(req, bm, num_guesses, num_accepted):
+    req.num_computed_tokens -= num_guesses - num_accepted
+    while len(req.block_table) > bm.blocks_needed(req.num_computed_tokens + 1):
+        bm.release(req.block_table.pop())
+
+
+@pytest.mark.parametrize("bad", [_cuts_from_the_end, _deletes_from_the_end])
+def test_rollback_with_zero_guesses_names_the_slice_from_the_end(bad):
+    with pytest.raises(AssertionError, match="0 guesses, 0 accepted") as err:
+        lab07.check_rollback(bad)
+    assert "with num_guesses = 0 (nothing was guessed) nothing changes" in str(err.value)
+    assert str(err.value).startswith("spec.rollback (lab 07, my_engine/spec.py): ")
 
 
 # --- the verify step in the engine ---------------------------------------------------------------------------
