@@ -30,8 +30,9 @@ _ENGINE_FLAGS = [
     ("--enable-chunked-prefill", "enable_chunked_prefill", dict(action=argparse.BooleanOptionalAction,
                                                                 help="split long prompts across steps (default on)")),
     ("--kv-cache-dtype", "kv_cache_dtype", dict(choices=KV_CACHE_DTYPES, help="KV storage type (default auto = model dtype)")),
-    ("--quantization", "quantization", dict(choices=("int8", "int4", "w8a8"),
-                                               help="int8/int4 weights; w8a8: int8 activations too (default none)")),
+    ("--quantization", "quantization", dict(choices=("int8", "int4", "w8a8", "w8a8-g32"),
+                                               help="int8/int4 weights; w8a8: int8 activations too, a scale per "
+                                                    "token (w8a8-g32: per 32 inputs) (default none)")),
     ("--kv-offloading-size", "kv_offload_bytes",
      dict(type=lambda gib: int(float(gib) * 2**30), metavar="GiB",
           help="host memory in GiB for KV blocks the prefix cache evicts, as vLLM (default off)")),

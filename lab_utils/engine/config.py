@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 SCHEDULERS = ("static", "continuous", "token_budget")
 KV_CACHE_DTYPES = ("auto", "fp32", "fp16", "bf16", "fp8", "int8")
-QUANTIZATIONS = (None, "int8", "int4", "w8a8")
+QUANTIZATIONS = (None, "int8", "int4", "w8a8", "w8a8-g32")
 PREEMPTION_MODES = ("recompute", "swap")
 KV_LAYOUTS = ("paged", "contiguous")
 KV_OFFLOAD_POLICIES = ("lru", "2q")  # host_tier.POLICIES
@@ -41,9 +41,10 @@ class SpecConfig:
     model: str | None = None  # the draft model for method="draft", heads for medusa/eagle
     prompt_lookup_min: int = 1
     prompt_lookup_max: int = 4
-    # method="draft": quantization of the draft ("int8" | "int4" weight-only, "w8a8" int8 weights and activations;
-    # lm head included), as vLLM's speculative `quantization`. With model= the target's own name this is a
-    # self-draft: a quarter of the bytes (int8, w8a8).
+    # method="draft": quantization of the draft ("int8" | "int4" weight-only; "w8a8" int8 weights and activations,
+    # one activation scale per token; "w8a8-g32" one per 32 inputs; lm head included), in the role of vLLM's
+    # speculative `quantization`. With model= the target's own name this is a self-draft: a quarter of the bytes
+    # (int8, w8a8, w8a8-g32).
     quantization: str | None = None
 
     def __post_init__(self) -> None:

@@ -117,8 +117,19 @@ def fit_hardware(model: ModelSpec, samples: list[StepSample], loop_gap_s: float 
     report = dict(peak_gflops=float(hw.peak_flops / 1e9), mem_bw_gb_s=float(hw.mem_bw / 1e9), step_overhead_ms=c0 * 1e3,
                   loop_gap_ms=loop_gap_s * 1e3, seq_overhead_ms=c1 * 1e3, num_steps=len(samples),
                   step_median_rel_err=float(np.median(rel)), step_mean_rel_err=float(np.mean(rel)),
-                  memory_bound_steps=int(np.sum(B / hw.mem_bw > F / hw.peak_flops)))
+                  memory_bound_steps=int(np.sum(B / hw.mem_bw > F / hw.peak_flops)),
+                  step_kind_rel_err=kind_error(samples, rel))
     return hw, report
+
+
+def kind_error(samples: list[StepSample], rel: np.ndarray) -> float:
+    """The worse of the fit's median relative errors on steps with prompt tokens and on decode-only steps (either
+    kind absent: the other's). TTFT rests on the first kind, TPOT on the second: where the model misses one kind by
+    more than a claim's bound (a GPU whose decode steps replay graphs in ms while any prompt token costs an eager
+    ~100 ms step: no roofline plus overheads expresses that), the simulator cannot be judged on this device."""
+    prefill = np.array([any(new > 1 for _, new in s.batch) for s in samples])
+    kinds = [rel[m] for m in (prefill, ~prefill) if m.any()]
+    return max(float(np.median(k)) for k in kinds)
 
 
 def simulate_like(run, workload, config, model: ModelSpec, hw: Hardware, num_blocks: int):
