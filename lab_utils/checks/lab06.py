@@ -44,15 +44,25 @@ def _mistakes(s: torch.Tensor, t: torch.Tensor, T: float) -> dict[str, torch.Ten
 def check_kd_loss(fn: KDLoss, seed: int | None = None) -> None:
     """`fn(student_logits [N, V], teacher_logits [N, V], T) -> scalar tensor`: T^2 * mean_rows KL(p_T || q_T)."""
     gen = torch.Generator().manual_seed(seed if seed is not None else int(torch.randint(0, 2**31, ()).item()))
-    for T in (1.0, 2.0, 4.0, 0.5):
+    # (T, logit scale): moderate logits first, then a real model's range at T < 1, where the probabilities of the
+    # lowest logits underflow to 0 in float32 (a trained LM's logits span 30-60; divided by 0.5, more)
+    for T, scale in ((1.0, 3.0), (2.0, 3.0), (4.0, 3.0), (0.5, 3.0), (0.5, 40.0)):
         n, v = int(torch.randint(3, 9, (), generator=gen)), int(torch.randint(5, 40, (), generator=gen))
-        s = (torch.randn(n, v, generator=gen) * 3).requires_grad_(True)
-        t = torch.randn(n, v, generator=gen) * 3
+        s = (torch.randn(n, v, generator=gen) * scale).requires_grad_(True)
+        t = torch.randn(n, v, generator=gen) * scale
         got = fn(s, t.clone(), T)
         if not isinstance(got, torch.Tensor) or got.numel() != 1:
             shape = tuple(got.shape) if isinstance(got, torch.Tensor) else type(got).__name__
             raise AssertionError(f"kd_loss must return a scalar tensor (mean over the {n} rows), got {shape}")
         expected = kd_loss(s.detach(), t, T=T)
+        if not torch.isfinite(got.detach()).all():
+            span = float(torch.cat([s.detach(), t]).max() - torch.cat([s.detach(), t]).min())
+            raise AssertionError(
+                f"kd_loss(student [{n}, {v}], teacher [{n}, {v}], T={T}) = {got.item()} for logits spanning "
+                f"{span:.0f}, expected {expected.item():.6f}"
+                f"\n   it looks like the log of a softmax: softmax(x / T) rounds the probabilities of logits far "
+                f"below the largest to 0 in float32, and log(0) = -inf (then 0 * -inf = nan); compute the "
+                f"log-probabilities in one step that subtracts the row's maximum (log-softmax)")
         if not torch.allclose(got.detach().float(), expected, rtol=1e-4, atol=1e-5):
             hint = next((why for why, val in _mistakes(s.detach(), t, T).items()
                          if torch.allclose(got.detach().float(), val, rtol=1e-4, atol=1e-5)), "")
@@ -71,7 +81,8 @@ def check_kd_loss(fn: KDLoss, seed: int | None = None) -> None:
     zero = float(zero.detach()) if isinstance(zero, torch.Tensor) else float(zero)
     if abs(zero) > 1e-5:
         raise AssertionError(f"a student equal to its teacher must have loss 0, got {zero:.3g}")
-    print("check_kd_loss: correct at T = 0.5, 1, 2, 4; zero when the student equals the teacher; gradients flow ✓")
+    print("check_kd_loss: correct at T = 0.5, 1, 2, 4, and at T = 0.5 for logits of a real model's range; zero when "
+          "the student equals the teacher; gradients flow ✓")
 
 
 # --- the lab's closing claims --------------------------------------------------------------------------------

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import pytest
+import torch
 import torch.nn.functional as F
 
 from lab_utils.checks import lab06
@@ -41,3 +42,31 @@ def test_not_implemented_propagates():
 
     with pytest.raises(NotImplementedError):
         lab06.check_kd_loss(todo, seed=0)
+
+
+def _log_of_softmax(s, t, T):  # right in exact arithmetic; -inf/nan once a probability underflows to 0
+    p, q = (t / T).softmax(-1), (s / T).softmax(-1)
+    return (p * (p.log() - q.log())).sum(-1).mean() * T * T
+
+
+def _log_of_softmax_clamped_student(s, t, T):  # the teacher's log still underflows: 0 * log(0) = nan
+    p, q = (t / T).softmax(-1), (s / T).softmax(-1)
+    return (p * (p.log() - q.clamp_min(1e-30).log())).sum(-1).mean() * T * T
+
+
+@pytest.mark.parametrize("bad", [_log_of_softmax, _log_of_softmax_clamped_student])
+def test_rejects_the_log_of_a_softmax_at_a_real_logit_range(bad):
+    bad(torch.randn(4, 10) * 3, torch.randn(4, 10) * 3, 0.5)  # right on moderate logits: the large case catches it
+    with pytest.raises(AssertionError, match="it looks like the log of a softmax") as err:
+        lab06.check_kd_loss(bad, seed=1)
+    assert "T=0.5" in str(err.value) and "spanning" in str(err.value)
+
+
+@pytest.mark.parametrize("bad", [
+    lambda s, t, T: good(s, t, T) / (T * T),
+    lambda s, t, T: good(s, t, 1.0) * T * T,
+])
+def test_the_underflow_cause_stays_silent_on_other_mistakes(bad):
+    with pytest.raises(AssertionError) as err:
+        lab06.check_kd_loss(bad, seed=1)
+    assert "log of a softmax" not in str(err.value) and "it looks like" in str(err.value)
