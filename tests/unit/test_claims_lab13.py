@@ -54,3 +54,24 @@ def test_the_mixed_batch_claim_is_not_judged_when_its_rounds_disagree(capsys):
     r["mixed_over_free_throughput"] = [0.3, 0.9, 0.7]   # a busy machine: rounds straddle the bar, far apart
     lab13.assert_claims(r)                              # raises nothing
     assert "NOT JUDGED  a batch with half its requests" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("profile, step_ms, wait_ms, exposed_ms, verdict", [
+    ("cpu", 90.0, 0.02, 2.5, True),          # a long synchronous forward hides a 0.6 ms fill
+    ("launch", 30.0, 0.02, 0.4, True),       # every step padded to 30 ms: still long enough to hide it
+    ("fast device", 0.9, 0.35, 0.5, None),   # a 0.4 ms forward cannot hide a 0.6 ms fill: NOT JUDGED, not FAIL
+])
+def test_the_overlap_claims_are_judged_only_where_the_forward_outlasts_the_fill(profile, step_ms, wait_ms,
+                                                                               exposed_ms, verdict):
+    r = dict(good(), step_ms=step_ms, overlap_wait_ms=wait_ms, mask_exposed_ms=exposed_ms)
+    overlap = [c for c in lab13.claims(r) if "hid behind the forward" in c[0] or "critical path" in c[0]]
+    assert len(overlap) == 2 and all(ok is verdict for _, ok in overlap), overlap
+    if verdict is None:
+        assert all("shorter than the mask fill" in text for text, _ in overlap)
+    lab13.assert_claims(r, show=False)
+
+
+def test_a_fill_that_does_not_hide_behind_a_long_forward_still_fails():
+    r = dict(good(), step_ms=30.0, overlap_wait_ms=0.5, mask_exposed_ms=0.9)  # launch profile, overlap broken
+    with pytest.raises(AssertionError, match="waited"):
+        lab13.assert_claims(r, show=False)
