@@ -366,6 +366,19 @@ def _named_too_few(ev: Evidence) -> bool:
     return any(bid in ref and bid not in you for bid in req.block_table[:full])
 
 
+def _left_output_blocks_unnamed(ev: Evidence) -> bool:
+    """Every computed full block the reference named and you did not holds output tokens (it ends past the
+    prompt): the prompt's blocks are named, the answer's are not."""
+    req = ev.you_call.req
+    if req is None or not ev.caching:
+        return False
+    bs = ev.b.bm.block_size
+    full = min(req.num_computed_tokens, req.num_tokens) // bs
+    ref, you = _named_blocks(ev.ref), _named_blocks(ev.you)
+    missed = [i for i, bid in enumerate(req.block_table[:full]) if bid in ref and bid not in you]
+    return bool(missed) and all((i + 1) * bs > req.num_prompt_tokens for i in missed)
+
+
 def _named_from_prompt(ev: Evidence) -> bool:
     """A block past the prompt's end named with the prompt's ids instead of the request's tokens."""
     req, bs = ev.you_call.req, ev.b.bm.block_size
@@ -511,6 +524,10 @@ MISTAKES: dict[str, tuple[Diagnoser, ...]] = {
         Diagnoser("commit_uncomputed", _named_uncomputed,
                   "name only blocks whose tokens are all computed: min(req.num_computed_tokens, req.num_tokens) // "
                   "block_size of them"),
+        Diagnoser("commit_output_blocks", _left_output_blocks_unnamed,
+                  "the blocks your commit_full_blocks left unnamed all hold output tokens: a block that generated "
+                  "tokens filled is named too (its ids are the request's tokens, req.token_ids, not only the "
+                  "prompt's): a follow-up turn sends the answer back in its prompt"),
         Diagnoser("commit_every_block", _named_too_few,
                   "name every full, computed block that has no name yet, not only the newest: one step can fill "
                   "several blocks (a whole prompt, a chunk), and each needs its name"),

@@ -772,6 +772,21 @@ def commit_prompt_ids(self, req):
             self.hash_to_block.setdefault(parent, block.block_id)
 
 
+@mistake("block_manager.commit_full_blocks", "all hold output tokens", "commit_output_blocks")
+def commit_prompt_blocks_only(self, req):
+    """Names the computed full blocks of the prompt only: a block that output tokens filled stays unnamed."""
+    if not self.enable_prefix_caching:
+        return
+    B, parent = self.block_size, None
+    for i in range(min(req.num_computed_tokens, req.num_prompt_tokens) // B):
+        ids = tuple(req.token_ids[i * B:(i + 1) * B])
+        parent = self.hash_block(parent, ids)
+        block = self.blocks[req.block_table[i]]
+        if block.hash is None:
+            block.hash, block.token_ids = parent, ids
+            self.hash_to_block.setdefault(parent, block.block_id)
+
+
 @mistake("block_manager.recycle", "stays cached", "recycle_keep")
 def recycle_frees_everything(self, block_id):
     """Frees every block: nothing is ever cached."""

@@ -165,3 +165,36 @@ def test_check_commit_full_blocks_rejects_a_partial_block_and_accepts_the_refere
     with pytest.raises(AssertionError, match="only blocks whose tokens are all computed"):
         lab04.check_commit_full_blocks(_commits_partial)
     lab04.check_commit_full_blocks(BlockManager.commit_full_blocks)
+
+
+def _names_the_prompt_by_its_ids(self, req):
+    """Walks req.prompt_token_ids: every block past the prompt (filled by output tokens) stays unnamed."""
+    B, parent = self.block_size, None
+    if not self.enable_prefix_caching:
+        return
+    ids_all = req.prompt_token_ids[:min(req.num_computed_tokens, req.num_tokens)]
+    for i in range(len(ids_all) // B):
+        ids = tuple(ids_all[i * B:(i + 1) * B])
+        parent = self.hash_block(parent, ids)
+        block = self.blocks[req.block_table[i]]
+        if block.hash is None:
+            block.hash, block.token_ids = parent, ids
+            self.hash_to_block.setdefault(parent, block.block_id)
+
+
+def test_commit_that_leaves_output_blocks_unnamed_is_told_so(tmp_path, monkeypatch):
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from mistake_catalogue import commit_last_block_only, commit_prompt_blocks_only
+
+    monkeypatch.setenv("LAB_LEARNER_DIR", str(tmp_path / "my_engine"))
+    for wrong in (commit_prompt_blocks_only, _names_the_prompt_by_its_ids):
+        with pytest.raises(AssertionError) as err:
+            lab04.check_commit_full_blocks(wrong)
+        assert getattr(err.value, "diagnosis", None) == "commit_output_blocks", str(err.value)
+        assert "block_manager.commit_full_blocks (lab 04, my_engine/block_manager.py)" in str(err.value)
+    with pytest.raises(AssertionError) as err:  # another mistake: this cause stays silent
+        lab04.check_commit_full_blocks(commit_last_block_only)
+    assert getattr(err.value, "diagnosis", None) == "commit_every_block" and "all hold output tokens" not in str(err.value)
