@@ -18,6 +18,7 @@ from collections.abc import Callable
 import torch
 
 from lab_utils.checks.claims import Claim
+from lab_utils.checks.part_named import checks_part
 from lab_utils.quant.formats import FP8_E4M3, quantize_int
 
 E4M3 = FP8_E4M3
@@ -102,6 +103,7 @@ def _weights(gen: torch.Generator) -> torch.Tensor:
     return w
 
 
+@checks_part("quant.quantize_per_channel_int8")
 def check_int8_per_channel(quantize_fn: Callable, dequantize_fn: Callable, seed: int | None = None) -> None:
     """`quantize_fn(w [out, in]) -> (q int8 [out, in], scale [out, 1])` (symmetric, ±127, one scale per row);
     `dequantize_fn(q, scale) -> w_hat` float32."""
@@ -126,7 +128,10 @@ def check_int8_per_channel(quantize_fn: Callable, dequantize_fn: Callable, seed:
                     f"shape {tuple(scale.shape)}")
             raise AssertionError(f"scale has shape {tuple(scale.shape)} ({what}); per-channel means one scale per output "
                                  f"row, shape [out, 1] = {(w.shape[0], 1)}, so it broadcasts over the row")
-        scale = scale.float()
+        if scale.dtype != torch.float32:
+            raise AssertionError(f"scale has dtype {scale.dtype}; the contract says float32 (the layer keeps its "
+                                 f"per-row scales in float32: they are tiny, and a rounded scale puts its error on "
+                                 f"every output of the row)")
         if not torch.isfinite(scale).all() or (scale <= 0).any():
             r = int((~torch.isfinite(scale) | (scale <= 0)).nonzero()[0, 0])
             raise AssertionError(f"scale[{r}] = {scale[r].item()}: row {r} is all zeros and the scale must stay positive "
@@ -171,11 +176,35 @@ def check_int8_per_channel(quantize_fn: Callable, dequantize_fn: Callable, seed:
         err = (w - w_hat).abs()
         if (err > ref.scale / 2 * (1 + 1e-5) + 1e-12).any():  # holds when the above passed; kept as the stated bound
             raise AssertionError("round trip error exceeds scale/2 somewhere")
+    _int8_from_bf16(quantize_fn, gen)
     print("check_int8_per_channel passed: scales, int8 values and the round trip match on 3 random weights; "
-          "every |w - w_hat| <= scale/2")
+          "every |w - w_hat| <= scale/2; bfloat16 weights (a GPU model's) give float32 scales")
     from lab_utils.course import learner_parts
 
     learner_parts.submit("quant.quantize_per_channel_int8", quantize_fn)
+
+
+def _int8_from_bf16(quantize_fn: Callable, gen: torch.Generator) -> None:
+    """bfloat16 weights, as a model on a GPU holds them: the scales still come out float32 and equal to the engine's
+    (a row's max|w| / 127 computed in bfloat16 keeps 8 bits of mantissa: each scale off by up to 2^-9)."""
+    from lab_utils.quant.linear import quantize_per_channel_int8
+
+    w = _weights(gen).bfloat16()
+    q_ref, s_ref = quantize_per_channel_int8(w)
+    q, scale = quantize_fn(w.clone())
+    if not isinstance(scale, torch.Tensor) or scale.dtype != torch.float32:
+        got = scale.dtype if isinstance(scale, torch.Tensor) else type(scale).__name__
+        raise AssertionError(f"for bfloat16 weights (a model on a GPU holds them so) your scale is {got}; the "
+                             f"contract says float32 whatever the weight's dtype\n   hint: max|row| / 127 computed in "
+                             f"the weight's dtype is rounded to bfloat16 (8 bits of mantissa); compute the scale in "
+                             f"float32")
+    if not torch.equal(scale, s_ref) or not torch.equal(q.to(torch.int8), q_ref):
+        r = int((~torch.isclose(scale.reshape(-1), s_ref.reshape(-1), rtol=0, atol=0)).nonzero()[0, 0]) \
+            if not torch.equal(scale, s_ref) else int((q.to(torch.int8) != q_ref).nonzero()[0, 0])
+        raise AssertionError(f"for bfloat16 weights, row {r}: scale {scale[r, 0].item():.8g} (expected "
+                             f"{s_ref[r, 0].item():.8g}), q differs from w / scale rounded\n   hint: divide in float32: "
+                             f"w / scale with w in bfloat16 rounds the quotient to bfloat16 before it is rounded to an "
+                             f"integer")
 
 
 # --- exercise 3: per-group symmetric INT4 and back ---------------------------------------------------------------
@@ -189,6 +218,7 @@ def _int4_case(gen: torch.Generator) -> tuple[torch.Tensor, int]:
     return w, g
 
 
+@checks_part("quant.quantize_per_group_int4", "quant.dequantize_int4")
 def check_int4_per_group(quantize_fn: Callable, dequantize_fn: Callable, seed: int | None = None,
                          cases: int = 12) -> None:
     """`quantize_fn(w [out, in], group_size) -> (q int8 [out, in] in -7..7, scale float16 [out, in / group_size])`:
@@ -261,7 +291,10 @@ def check_int4_per_group(quantize_fn: Callable, dequantize_fn: Callable, seed: i
             if not isinstance(w_hat, torch.Tensor) or w_hat.shape != w.shape:
                 raise AssertionError(f"{where}: dequantize_fn should return a tensor of shape {tuple(w.shape)}, got "
                                      f"{tuple(w_hat.shape) if isinstance(w_hat, torch.Tensor) else type(w_hat).__name__}")
-            diff = w_hat.to(dtype).float() != expected.float()
+            if w_hat.dtype != dtype:
+                raise AssertionError(f"{where}: dequantize_fn(q, scale in {dtype}, {gs}) returned {w_hat.dtype}; return "
+                                     f"the scale's dtype (the layer's compute dtype: the forward multiplies by it)")
+            diff = w_hat.float() != expected.float()
             if diff.any():
                 r, col = (int(i) for i in diff.nonzero()[0])
                 hint = ("input column j belongs to group j // group_size: reshape q to [out, in // group_size, "
@@ -289,6 +322,7 @@ def _kv_values(gen: torch.Generator) -> torch.Tensor:
     return x
 
 
+@checks_part("kv_cache.fp8_encode", "kv_cache.fp8_decode")
 def check_fp8_kv(encode_fn: Callable, decode_fn: Callable, seed: int | None = None) -> None:
     """`encode_fn(x) -> uint8` (FP8 E4M3 bit patterns of x, saturating at ±448), `decode_fn(bits, dtype) -> values`
     in `dtype`: the KV cache's write and read when `kv_cache_dtype="fp8"`."""

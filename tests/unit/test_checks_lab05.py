@@ -92,7 +92,8 @@ def test_encode_checker_rejects_wrong_types_and_nan():
 
 
 # --- per-channel INT8 --------------------------------------------------------------------------------------------
-def good_quant(w, qmax=127, per="row", rnd=torch.round, absmax=True):
+def good_quant(w, qmax=127, per="row", rnd=torch.round, absmax=True, in_float32=True):
+    w = w.float() if in_float32 else w
     m = w.abs() if absmax else w
     amax = m.amax(dim=1, keepdim=True) if per == "row" else (m.amax().reshape(1, 1) if per == "tensor" else m.amax(0, keepdim=True))
     scale = torch.where(amax > 0, amax / qmax, torch.ones_like(amax))
@@ -129,8 +130,25 @@ def test_int8_checker_accepts_correct(capsys):
     (good_quant, lambda q, s: (q.float() * s).flatten(), "shape"),
 ])
 def test_int8_checker_names_each_mistake(quant, dequant, message):
-    with pytest.raises(AssertionError, match=message):
+    with pytest.raises(AssertionError, match=message) as err:
         lab05.check_int8_per_channel(quant, dequant, seed=3)
+    assert str(err.value).startswith("quant.quantize_per_channel_int8 (lab 05, my_engine/quant.py): ")
+    assert "bfloat16" not in str(err.value)  # the dtype causes stay silent on other mistakes
+
+
+@pytest.mark.parametrize("quant, message", [
+    (lambda w: good_quant(w, in_float32=False), "for bfloat16 weights .* your scale is torch.bfloat16"),
+    (lambda w: (lambda q, s: (q, s.double()))(*good_quant(w)), "scale has dtype torch.float64; the contract says "
+                                                                "float32"),
+    (lambda w: (lambda q, s: (q, s.half()))(*good_quant(w)), "scale has dtype torch.float16"),
+    # float32 scales, but the quotient w / scale taken in bfloat16
+    (lambda w: (lambda q, s: (torch.clamp(torch.round(w / s.to(w.dtype)), -127, 127).to(torch.int8), s))(
+        *good_quant(w)), "divide in float32|scale"),
+])
+def test_int8_checker_checks_the_dtypes_a_quantizer_returns(quant, message):
+    with pytest.raises(AssertionError, match=message) as err:
+        lab05.check_int8_per_channel(quant, good_dequant, seed=3)
+    assert str(err.value).startswith("quant.quantize_per_channel_int8 (lab 05, my_engine/quant.py): ")
 
 
 # --- per-group INT4 ------------------------------------------------------------------------------------------------
@@ -172,8 +190,20 @@ def test_int4_checker_accepts_correct(capsys):
     (int4, lambda q, s, gs: q.to(s.dtype), "w_hat"),
 ])
 def test_int4_checker_names_each_mistake(quant, dequant, message):
-    with pytest.raises(AssertionError, match=message):
+    with pytest.raises(AssertionError, match=message) as err:
         lab05.check_int4_per_group(quant, dequant, seed=4)
+    assert str(err.value).startswith("quant.quantize_per_group_int4 and quant.dequantize_int4 (lab 05, "
+                                     "my_engine/quant.py): ")
+    assert "return the scale's dtype" not in str(err.value)
+
+
+@pytest.mark.parametrize("dequant", [
+    lambda q, s, gs: q.float() * s.float().repeat_interleave(gs, dim=1),   # always float32
+    lambda q, s, gs: (q.to(s.dtype) * s.repeat_interleave(gs, dim=1)).double(),
+])
+def test_int4_checker_checks_the_dtype_dequantize_returns(dequant):
+    with pytest.raises(AssertionError, match="return the scale's dtype"):
+        lab05.check_int4_per_group(int4, dequant, seed=4)
 
 
 # --- the FP8 KV codec ----------------------------------------------------------------------------------------------
