@@ -739,4 +739,57 @@ HINTS: dict[str, tuple[str, str, str]] = {
         "confidence ← 1 / (sum over the scores s of e^(s − m))\n"
         "answer  small if confidence reaches the threshold, otherwise target",
     ),
+    # ------------------------------------------------------------------------------------------- lab 16
+    "16.paged_decode_kernel": (
+        "One program owns one output row. It walks its sequence's blocks once, and keeps three running numbers "
+        "instead of a row of scores: the largest score so far, the sum of exponentials measured against it, and "
+        "the value rows weighted the same way. A larger maximum shrinks what came before by the exponential of "
+        "the difference. Masked positions get minus infinity before anything else sees them.",
+        "1. Read the program's sequence and query head from the two grid axes; its KV head is the query head "
+        "divided (integer) by GROUP.\n"
+        "2. Load the sequence's context length and its query row as float32.\n"
+        "3. Start the maximum at minus infinity, the sum at 0, the accumulator at zeros of length D.\n"
+        "4. For each block index up to the context divided by BLOCK, rounded up: load the block id from the "
+        "table's row of this sequence (its row stride), build the addresses of its BLOCK slots for the KV head, "
+        "and mark which positions are below the context length.\n"
+        "5. Load the keys (masked), score them against the query, times scale, minus infinity where masked.\n"
+        "6. New maximum; weights = exponentials of the scores against it; correction = exponential of old minus "
+        "new maximum; rescale the sum and accumulator by it, then add the weights and the weighted values.\n"
+        "7. After the loop store the accumulator divided by the sum.",
+        "b, h ← the program's two ids;   kv ← h div GROUP;   n ← context of b\n"
+        "m ← −∞;   s ← 0;   acc ← zero vector of D\n"
+        "for every block j of b while j · BLOCK < n:\n"
+        "    phys ← table[b, j];   slots ← phys · BLOCK + (0 … BLOCK−1);   ok ← j · BLOCK + (0 … BLOCK−1) < n\n"
+        "    x ← (K[slots, kv] · q[b, h]) · scale, −∞ where not ok\n"
+        "    m' ← max(m, max x);   w ← e^(x − m');   c ← e^(m − m')\n"
+        "    acc ← acc · c + Σ w · V[slots, kv];   s ← s · c + Σ w;   m ← m'\n"
+        "out[b, h] ← acc ÷ s",
+    ),
+    "16.paged_decode_split_kernel": (
+        "The same walk as exercise 1, over a slice of the blocks instead of all of them: the third grid axis "
+        "picks the slice. What the slice hands on is its normalised output and one number that says how much "
+        "softmax mass it holds: its maximum plus the logarithm of its sum.",
+        "1. As exercise 1, plus the split index from the third grid axis.\n"
+        "2. The slice starts at split index times blocks_per_split and ends blocks_per_split later, or at the "
+        "sequence's last block if that comes first; it may be empty.\n"
+        "3. Run exercise 1's loop over the slice only.\n"
+        "4. If the sum stayed 0 the slice was empty: store zeros and minus infinity. Otherwise store the "
+        "accumulator over the sum, and the maximum plus the log of the sum, at the slice's place (its strides).",
+        "b, h, sp ← the program's three ids\n"
+        "first ← sp · blocks_per_split;   last ← min(first + blocks_per_split, blocks of b)\n"
+        "run the online-softmax walk over blocks first … last − 1 → m, s, acc\n"
+        "if s = 0:   o[b, h, sp] ← 0;   lse[b, h, sp] ← −∞\n"
+        "else:       o[b, h, sp] ← acc ÷ s;   lse[b, h, sp] ← m + ln s",
+    ),
+    "16.combine_splits": (
+        "Each slice's output is a softmax over its own positions. The whole softmax gives slice k the share "
+        "e^(lse_k) of the total e^(lse) summed over slices; that share, computed stably, is a softmax over the "
+        "slices' log-sum-exps.",
+        "1. Turn the log-sum-exps into weights that sum to 1 over the split axis (a softmax over that axis; an "
+        "empty slice's minus infinity gives weight 0).\n"
+        "2. Multiply each slice's output by its weight (add a trailing axis to broadcast over D).\n"
+        "3. Sum over the split axis.",
+        "w[b, h, k] ← e^(lse[b, h, k]) ÷ Σ_k' e^(lse[b, h, k'])      (stably: subtract the largest first)\n"
+        "answer  Σ_k w[b, h, k] · o[b, h, k, :]",
+    ),
 }

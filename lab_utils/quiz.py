@@ -384,6 +384,30 @@ QUESTIONS: dict[str, list[Question]] = {
            "costs 1,000 more. It pays only when one compressed prompt serves many requests, or when a much smaller "
            "model scores.", unit="tokens"),
     ],
+    "16": [
+        _n("kv_bytes_call", "SmolLM2-135M has 3 KV heads of dim 64. One layer's decode attention for one sequence at "
+           "context 4,096 in bf16 (2 bytes an element): how many bytes of K and V does it read?", 3145728,
+           "2 (K and V) x 4,096 positions x 3 heads x 64 dims x 2 bytes = 3,145,728 bytes (3 MiB), for "
+           "4 x 4,096 x 9 x 64 = 9.4 MFLOP: a third of a byte per FLOP, far above any GPU's ridge (an H100's is "
+           "about 0.0034 bytes per FLOP).", unit="bytes"),
+        _c("online_softmax", "Why does the kernel keep a running maximum of the scores?",
+           ["to skip blocks whose scores are small", "so exp() never overflows, in one pass over K and V without a "
+            "row of scores", "because Triton has no exp() of large numbers on a CPU", "to sort the positions"], "b",
+           "Scores of a few hundred overflow float32's exp(); subtracting the maximum keeps every exponential <= 1. "
+           "When the maximum grows, what was summed is rescaled by exp(old - new): the result is exact and the "
+           "bytes are read once (Milakov and Gimelshein, 2018; FlashAttention)."),
+        _c("split_combine", "Two split-KV slices of one head have outputs o1, o2 and log-sum-exps lse1 = 2.0, "
+           "lse2 = 2.0 + ln 3. The combined output is...",
+           ["(o1 + o2) / 2", "(o1 + 3 o2) / 4", "(3 o1 + o2) / 4", "o2"], "b",
+           "Slice k holds the share e^(lse_k) / sum e^(lse) of the softmax mass: 1 : 3 here, so (o1 + 3 o2) / 4. "
+           "Averaging the slices is right only when they hold equal mass."),
+        _c("split_when", "When does split-KV (FlashDecoding) speed up decode attention on a GPU?",
+           ["at large batch and short context", "at small batch and long context, where batch x heads programs "
+            "leave most multiprocessors idle", "always by the number of splits", "only under Triton's interpreter"],
+           "b",
+           "With B x Hq programs of long loops the GPU's SMs idle at batch 1; more programs over slices fill them. "
+           "At large batch there are already enough programs and the combine is pure overhead."),
+    ],
 }
 
 

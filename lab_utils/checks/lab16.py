@@ -285,12 +285,13 @@ def claims(r: dict) -> list[Claim]:
     `kernel_calls`: how often the engine called your kernel in that run; `bound_fraction`: per attention path
     (yours, engine, sdpa_dense), the measured fraction of the KV-bytes bound at the largest grid point;
     `bytes_per_flop`: decode attention's bytes per FLOP from the arithmetic; `ridge_bytes_per_flop`: the
-    machine's bytes/FLOP at its ridge; `trace_rows`: the profiler timeline's rows (host, device) with events."""
+    machine's bytes/FLOP at its ridge; `trace_rows`: the profiler timeline's rows (host, device) with events;
+    `bench_line`: the line `python -m lab_utils bench-kernel` printed (None when it printed none)."""
     from lab_utils.checks.claims import need
 
     need(r, "tokens_equal", "kernel_calls", "bound_fraction", "bytes_per_flop", "ridge_bytes_per_flop",
-         "trace_rows")
-    frac = r["bound_fraction"]
+         "trace_rows", "bench_line")
+    frac, line = r["bound_fraction"], r["bench_line"] or {}
     return [
         (f"the engine's greedy tokens with your kernel equal the reference engine's "
          f"({r['kernel_calls']} kernel calls)", bool(r["tokens_equal"]) and r["kernel_calls"] > 0),
@@ -298,7 +299,10 @@ def claims(r: dict) -> list[Claim]:
          f"({r['ridge_bytes_per_flop']:.3f}): it is bound by bytes", r["bytes_per_flop"] > r["ridge_bytes_per_flop"]),
         ("every attention path stays under the KV-bytes bound (" + ", ".join(
             f"{k} {v:.3g}" for k, v in frac.items()) + " of it)", all(0 < v <= 1.0 for v in frac.values())),
-        (f"the profiler trace has events on {', '.join(r['trace_rows'])}", len(r["trace_rows"]) >= 1),
+        (f"the profiler trace has events on {', '.join(r['trace_rows']) or 'no row'}",
+         "host" in r["trace_rows"]),
+        (f"bench-kernel, in its own process, found your saved kernel correct ({line.get('error') or 'no error'}; "
+         f"{line.get('us_per_call')} µs per call on {line.get('device')})", line.get("correct") is True),
     ]
 
 

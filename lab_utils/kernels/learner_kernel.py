@@ -6,7 +6,9 @@ part its kernel and its launcher under the part's name. `learner_parts` loads th
 """
 from __future__ import annotations
 
+import contextlib
 import inspect
+import io
 import re
 import textwrap
 from typing import Callable
@@ -23,11 +25,14 @@ import math
 import torch
 
 from lab_utils.kernels import triton_env
+from lab_utils.kernels.paged_decode_triton import check_inputs  # noqa: F401  (the lab's launchers call it)
 
 triton, _why = triton_env.load()
 if triton is None:
     raise ImportError(_why)
 import triton.language as tl  # noqa: E402
+
+jit = triton.jit  # the lab's cells write `@jit` (`triton_env.api()`)
 '''
 _MARK = "# --- part {name} ---"
 
@@ -48,7 +53,8 @@ def save(name: str, launcher: Callable, kernels: tuple = (), helpers: tuple = ()
     """Make `launcher` the engine's part `name` in this kernel and save it, its kernels and helpers to
     my_engine/kernel.py (the section of `name` replaced, the other part's kept). Returns the file's path."""
     part = PARTS[name]
-    learner_parts.submit(name, launcher, save=False)
+    with contextlib.redirect_stdout(io.StringIO()):  # its line would say "not saved": this function saves it
+        learner_parts.submit(name, launcher, save=False)
     folder = learner_parts.learner_dir()
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"{part.component}.py"

@@ -22,7 +22,8 @@ TIME_RE = re.compile(r"^\d+(\.\d+)?\s*(s|sec|min|h)\b")
 COURSE = ["00_foundations", "01_continuous_batching", "02_paged_kv_cache", "03_chunked_prefill",
           "04_prefix_caching", "05_quantization", "06_distillation", "07_speculative_decoding", "08_vllm_tuning",
           "09_gpu_scaling", "10_pd_disaggregation", "11_retrieval_session_state", "12_capstone_server",
-          "13_structured_output", "14_kv_beyond_the_device", "15_token_efficiency"]
+          "13_structured_output", "14_kv_beyond_the_device", "15_token_efficiency",
+          "16_write_the_kernel"]
 
 
 # ------------------------------------------------------------------------------------------- syllabus
@@ -217,7 +218,7 @@ def test_results_page_is_short_and_has_no_history():
 
 
 # ---------------------------------------------------------------------------------- claims with negative controls
-CLAIMS_LABS = ["00", "01", "02", "03", "04", "05", "06", "07", "08", "09", "10", "11", "12", "13", "14", "15"]
+CLAIMS_LABS = ["00", "01", "02", "03", "04", "05", "06", "07", "08", "09", "10", "11", "12", "13", "14", "15", "16"]
 
 
 @pytest.mark.parametrize("nn", CLAIMS_LABS)
