@@ -11,6 +11,7 @@ from collections.abc import Callable
 
 from lab_utils.bench.metrics import RequestTimes, summarize
 from lab_utils.checks.claims import Claim
+from lab_utils.checks.part_named import checks_part
 
 
 def check_roofline_time(fn: Callable[[float, float, float, float, float], float], seed: int | None = None) -> None:
@@ -130,9 +131,49 @@ def _export_hint(got: dict, c: dict) -> str:
     wrong = [table[t // bs] + t % bs for t in range(n)]
     if k.shape[1] == n and max(wrong) < cache["k"].shape[1] and k.equal(cache["k"][:, wrong]):
         return "a block id is not a slot: slot = block_table[t // block_size] * block_size + t % block_size"
-    return ""
+    if k.shape[1] != n:
+        return (f"one entry per token of the request: [layers, num_tokens={n}, ...], got {k.shape[1]} along the token "
+                f"dimension")
+    if tuple(k.shape) != (cache["k"].shape[0], n, *cache["k"].shape[2:]):
+        return (f"keep each token's entry as the cache holds it: {tuple(cache['k'].shape[2:])} per layer and token, "
+                f"got {tuple(k.shape[2:])}")
+    return _export_slot_cause(k, c)
 
 
+def _export_slot_cause(k, c: dict) -> str:
+    """Which cache slot the first wrong token's K came from, against the slot it lives in."""
+    cache, bs, table = c["cache"]["k"], c["bs"], c["table"]
+    right = [table[t // bs] * bs + t % bs for t in range(c["n"])]
+    t = next(t for t in range(c["n"]) if not k[:, t].equal(cache[:, right[t]]))
+    came = next((s for s in range(cache.shape[1]) if k[:, t].equal(cache[:, s])), None)
+    where = (f"block {table[t // bs]}, offset {t % bs}: slot {right[t]} = block_table[t // block_size] * block_size "
+             f"+ t % block_size")
+    if came is None:
+        return (f"token {t}'s K is in no slot of the cache (computed or converted, not copied): copy the entries "
+                f"as they are, from {where}")
+    return f"token {t}'s K came from slot {came}; it lives in {where}"
+
+
+def _import_slot_cause(got, before, received, slot: int, c: dict) -> str:
+    """What the first wrong slot holds after the import: untouched, another token's KV, or something else."""
+    bs, table = c["bs"], c["table"]
+    right = {table[t // bs] * bs + t % bs: t for t in range(c["n"])}
+    owner = right.get(slot)
+    held = next((t for t in range(c["n"]) if got[:, slot].equal(received[:, t])), None)
+    if owner is None:
+        return (f"slot {slot} belongs to no token of this request (block {slot // bs} is not in its block table) "
+                f"but changed" + (f": it holds token {held}'s KV" if held is not None else "")
+                + "; write the request's slots only")
+    if got[:, slot].equal(before[:, slot]):
+        return (f"slot {slot} (token {owner}: block {table[owner // bs]}, offset {owner % bs}) was not written: "
+                f"every received token goes to slot block_table[t // block_size] * block_size + t % block_size")
+    if held is not None:
+        return f"slot {slot} holds token {held}'s KV; it is token {owner}'s (block {table[owner // bs]}, offset {owner % bs})"
+    return (f"slot {slot} (token {owner}) holds a value that is no received token's: copy the received entries as "
+            f"they are")
+
+
+@checks_part("disagg.export_kv")
 def check_export_kv(fn: Callable, seed: int | None = 0, cases: int = 60) -> None:
     """`fn(cache, block_table, num_tokens, block_size) -> dict` against the reference on random paged caches
     (scattered block tables, partial last blocks, int8 scales); submits `fn` when it passes."""
@@ -167,6 +208,7 @@ def check_export_kv(fn: Callable, seed: int | None = 0, cases: int = 60) -> None
     learner_parts.submit("disagg.export_kv", fn)
 
 
+@checks_part("disagg.import_kv")
 def check_import_kv(fn: Callable, seed: int | None = 0, cases: int = 60) -> None:
     """`fn(cache, block_table, kv, block_size)` writes received KV into the request's blocks, in place, and
     nothing else; checked on random caches against the reference. Submits `fn` when it passes."""
@@ -202,12 +244,14 @@ def check_import_kv(fn: Callable, seed: int | None = 0, cases: int = 60) -> None
         diff = next(k for k in want if not tensors[k].equal(want[k]))
         bad = (tensors[diff] != want[diff]).reshape(want[diff].shape[0], want[diff].shape[1], -1).any(-1)
         layer, slot = (int(i) for i in bad.nonzero()[0])
+        hint = hint or _import_slot_cause(tensors[diff], c["cache"][diff], kv[diff], slot, c)
         raise AssertionError(f"case {trial} ({_describe(c)}): after your import, {diff}[layer {layer}, slot {slot}] "
                              f"differs from the expected cache" + (f"\n   hint: {hint}" if hint else ""))
     print(f"✔ check_import_kv: received KV lands in the request's slots (only) on {cases} random paged caches")
     learner_parts.submit("disagg.import_kv", fn)
 
 
+@checks_part("disagg.resume_prefilled")
 def check_resume_prefilled(fn: Callable, seed: int | None = 0, cases: int = 20) -> None:
     """`fn(req, first_token, kv)` on fresh requests: the state the decode engine admits (first token appended,
     prompt computed, SWAPPED with the received KV). Submits `fn` when it passes."""
@@ -250,6 +294,7 @@ def check_resume_prefilled(fn: Callable, seed: int | None = 0, cases: int = 20) 
     learner_parts.submit("disagg.resume_prefilled", fn)
 
 
+@checks_part("disagg.request_meta")
 def check_request_meta(fn: Callable, seed: int | None = 0, cases: int = 20) -> None:
     """`fn(req) -> dict`, the header sent with the KV, on requests that have just sampled their first token:
     every field the decode side reads, with the reference's values. Submits `fn` when it passes."""

@@ -211,3 +211,87 @@ def test_meta_checker_accepts_the_reference_and_names_mistakes(learner_dir):
             lab10.check_request_meta(bad)
     with pytest.raises(AssertionError, match="your disagg.request_meta sent no"):
         lab10.check_handoff_in_engine(meta_fn=no_timestamps, num_requests=3)
+
+
+# --- every hand-off rejection names the part, its file and a cause ------------------------------------------------
+def _export_block_order_reversed(cache, bt, n, bs):  # the blocks read last to first
+    order = [bt[::-1][t // bs] * bs + t % bs for t in range(n)]
+    return {k: t[:, order] for k, t in cache.items()}
+
+
+def _export_offset_off_by_one(cache, bt, n, bs):  # each token read one slot late within its block
+    s = torch.tensor([bt[t // bs] * bs + (t + 1) % bs for t in range(n)])
+    return {k: t[:, s] for k, t in cache.items()}
+
+
+def _export_halved(cache, bt, n, bs):  # converted, not copied
+    return {k: t[:, _slots(bt, n, bs)] * 0.5 for k, t in cache.items()}
+
+
+def _export_one_short(cache, bt, n, bs):
+    return {k: t[:, _slots(bt, n, bs)[:-1]] for k, t in cache.items()}
+
+
+@pytest.mark.parametrize("bad, msg", [
+    (_export_block_order_reversed, r"K came from slot \d+; it lives in block"),
+    (_export_offset_off_by_one, r"K came from slot \d+; it lives in block"),
+    (_export_halved, "in no slot of the cache"),
+    (_export_one_short, "one entry per token of the request"),
+    (_contiguous, "blocks are scattered"),
+])
+def test_export_rejections_name_the_part_its_file_and_a_cause(bad, msg, learner_dir):
+    with pytest.raises(AssertionError, match=msg) as err:
+        lab10.check_export_kv(bad, cases=30)
+    text = str(err.value)
+    assert text.startswith("disagg.export_kv (lab 10, my_engine/disagg.py): ") and "hint: " in text
+
+
+def _import_blocks_reversed(cache, bt, kv, bs):
+    for k, t in kv.items():
+        cache[k][:, _slots(bt[::-1], t.shape[1], bs)] = t
+
+
+def _import_skips_last_token(cache, bt, kv, bs):
+    for k, t in kv.items():
+        cache[k][:, _slots(bt, t.shape[1] - 1, bs)] = t[:, :-1]
+
+
+def _import_halved(cache, bt, kv, bs):
+    for k, t in kv.items():
+        cache[k][:, _slots(bt, t.shape[1], bs)] = t * 0.5
+
+
+@pytest.mark.parametrize("bad, msg", [
+    (_import_blocks_reversed, r"slot \d+ (holds token \d+'s KV|belongs to no token)"),
+    (_import_skips_last_token, r"slot \d+ \(token \d+: block \d+, offset \d+\) was not written"),
+    (_import_halved, "holds a value that is no received token's"),
+    (_import_contiguous, "not slot t"),
+])
+def test_import_rejections_name_the_part_its_file_and_a_cause(bad, msg, learner_dir):
+    with pytest.raises(AssertionError, match=msg) as err:
+        lab10.check_import_kv(bad, cases=30)
+    text = str(err.value)
+    assert text.startswith("disagg.import_kv (lab 10, my_engine/disagg.py): ") and "hint: " in text
+
+
+@pytest.mark.parametrize("bad", [_no_first_token, _waiting])
+def test_resume_rejections_name_the_part_and_its_file(bad, learner_dir):
+    with pytest.raises(AssertionError) as err:
+        lab10.check_resume_prefilled(bad)
+    assert str(err.value).startswith("disagg.resume_prefilled (lab 10, my_engine/disagg.py): ")
+    assert "hint: " in str(err.value)
+
+
+@pytest.mark.parametrize("field", ["first_token_time", "request_id"])
+def test_meta_rejections_name_the_part_and_its_file(field, learner_dir):
+    from lab_utils.disagg.workers import request_meta
+
+    def wrong(req):
+        meta = dict(request_meta(req))
+        meta.pop(field)
+        return meta
+
+    with pytest.raises(AssertionError) as err:
+        lab10.check_request_meta(wrong)
+    assert str(err.value).startswith("disagg.request_meta (lab 10, my_engine/disagg.py): ")
+    assert f"no {field!r}" in str(err.value) and "hint: " in str(err.value)
