@@ -11,6 +11,7 @@ import random
 from collections.abc import Callable
 
 from lab_utils.checks.claims import Claim
+from lab_utils.checks.part_named import checks_part
 from lab_utils.sim.cost_model import allreduce_time
 
 GB = 1e9
@@ -137,9 +138,19 @@ def _shard_hint(name, got, want, full, c, rank) -> str:
     if where and should and got.shape == want.shape:
         return (f"rank {rank} holds {where} but should hold {should}: ranks take consecutive slices in rank order, "
                 f"rank 0 first (KV head h goes with query heads h*heads_per_kv .. (h+1)*heads_per_kv - 1)")
-    return ""
+    side = "rows" if dim == 0 else "columns"
+    if got.dim() == 2 and got.shape == want.shape and not where:
+        return (f"your {name} has the right shape but is not one consecutive slice of the full weight's {side} "
+                f"(rank {rank} should hold {should}): a rank keeps whole heads / units in one block, the weights as "
+                f"they are (not transposed, reordered or scaled)")
+    if got.dim() == 2 and got.shape[dim] != want.shape[dim]:
+        return (f"rank {rank} of {world} should hold {want.shape[dim]} {side} of {name} ({should}), you kept "
+                f"{got.shape[dim]}: split the heads (and intermediate units) over the ranks, each rank the "
+                f"consecutive share split_sizes gives it")
+    return f"{name} must stay a 2-D weight [out, in], got shape {tuple(got.shape)}"
 
 
+@checks_part("tensor_parallel.shard_weights")
 def check_shard_weights(fn: Callable, seed: int | None = 0, cases: int = 60) -> None:
     """`fn(w, rank, world_size, heads_per_kv, head_dim) -> dict` against the reference on random layer shapes
     (uneven head and unit counts included) for every rank; then the whole tiny model, sharded by `fn` over 2
@@ -187,9 +198,21 @@ def _row_hint(x, w, got, partial, full, calls) -> str:
         return f"one all-reduce per linear: you called it {len(calls)} times"
     if isinstance(got, torch.Tensor) and got.shape == partial.shape and torch.allclose(got, partial, atol=1e-5):
         return "you returned this rank's partial product: return what all_reduce gives back (the sum)"
-    return ""
+    if not isinstance(got, torch.Tensor):
+        return f"return a tensor (the all-reduced product), got {type(got).__name__}"
+    if got.shape != full.shape:
+        return (f"the output is [tokens, out_features] = {tuple(full.shape)}: x @ weight.T, all-reduced; got "
+                f"{tuple(got.shape)}")
+    ratio = (got.double().sum() / full.double().sum()).item() if full.double().sum().abs() > 1e-6 else None
+    if ratio is not None and ratio > 0 and torch.allclose(got, full * ratio, rtol=1e-4, atol=1e-4) and \
+            abs(ratio - 1) > 1e-3:
+        return (f"your output is the sum times {ratio:.3g}: the all-reduce already sums the ranks' products; "
+                f"do not average or scale it")
+    return ("all_reduce was called once with the right shape, but the output is not the sum it returned: return "
+            "all_reduce(x @ weight.T) unchanged (a bias or any other term is added once, after it)")
 
 
+@checks_part("tensor_parallel.row_parallel")
 def check_row_parallel(fn: Callable, seed: int | None = 0, cases: int = 40) -> None:
     """`fn(x, weight, all_reduce) -> y` on random shapes and rank counts, with an all-reduce that adds the other
     (simulated) ranks' partial products; y must be the full x W^T. Submits `fn` when it passes."""

@@ -175,3 +175,51 @@ def test_tp_run_check_accepts_a_difference_only_at_a_near_tie_of_the_unsharded_m
     with pytest.raises(AssertionError, match="another length"):
         lab09.check_tp_run(SimpleNamespace(**{**vars(tied), "token_ids": [[1, 2, 3], [y, 4]]}), single, parts,
                            model=model, prompts=[[1], prompt])
+
+
+# --- every tensor-parallel rejection names the part, its file and a cause -----------------------------------------
+def _strided_heads(w, rank, world, g, D):
+    """Rank r takes KV heads r, r + world, ... (strided), each with its query heads: right sizes, wrong heads."""
+    out = _shard(w, rank, world, g, D)
+    kv = w["k_proj"].shape[0] // D
+    heads = list(range(rank, kv, world))
+    if len(heads) * D != out["k_proj"].shape[0]:
+        return out
+    rows = [h * D + d for h in heads for d in range(D)]
+    return {**out, "k_proj": w["k_proj"][rows], "v_proj": w["v_proj"][rows]}
+
+
+def _scaled(w, rank, world, g, D):
+    return {k: v * 1.0001 if k == "up_proj" else v for k, v in _shard(w, rank, world, g, D).items()}
+
+
+def _all_units_everywhere(w, rank, world, g, D):
+    return {**_shard(w, rank, world, g, D), "up_proj": w["up_proj"]}
+
+
+@pytest.mark.parametrize("bad, msg", [
+    (_strided_heads, "not one consecutive slice|rank order"),
+    (_scaled, "not one consecutive slice"),
+    (_all_units_everywhere, r"should hold \d+ rows of up_proj"),
+    (lambda w, r, n, g, D: _shard(w, r, n, g, D, o_rows=True), "row-parallel: keep whole columns"),
+])
+def test_shard_rejections_name_the_part_its_file_and_a_cause(bad, msg, learner_dir):
+    with pytest.raises(AssertionError, match=msg) as err:
+        lab09.check_shard_weights(bad, cases=20)
+    text = str(err.value)
+    assert text.startswith("tensor_parallel.shard_weights (lab 09, my_engine/tensor_parallel.py): ")
+    assert "hint: " in text
+
+
+@pytest.mark.parametrize("bad, msg", [
+    (lambda x, w, ar: ar(x @ w.T) / 2, r"the sum times 0\.5"),                  # averaged over 2 "ranks"
+    (lambda x, w, ar: ar(x @ w.T) + 1.0, "not the sum it returned"),
+    (lambda x, w, ar: ar(x @ w.T).T, r"\[tokens, out_features\]"),
+    (lambda x, w, ar: x @ w.T, "sum the ranks' partial products"),
+])
+def test_row_rejections_name_the_part_its_file_and_a_cause(bad, msg, learner_dir):
+    with pytest.raises(AssertionError, match=msg) as err:
+        lab09.check_row_parallel(bad, cases=10)
+    text = str(err.value)
+    assert text.startswith("tensor_parallel.row_parallel (lab 09, my_engine/tensor_parallel.py): ")
+    assert "hint: " in text
