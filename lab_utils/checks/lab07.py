@@ -39,7 +39,11 @@ def _residual_hint(p, q, got, expected) -> str:
         return "the residual must be normalised to sum to 1"
     if torch.allclose(got, p, atol=1e-9):
         return "you returned p: after a rejection the draw must come from max(0, p - q), normalised"
-    return ""
+    flipped = torch.clamp(q - p, min=0)
+    if flipped.sum() > 0 and torch.allclose(got.double(), (flipped / flipped.sum()).double(), atol=1e-6):
+        return "that is max(0, q - p): the residual is the target's excess over the draft, max(0, p - q)"
+    return ("the residual puts mass only where p > q, in proportion to p - q (normalised); where p <= q it is 0: "
+            f"yours has {int(((got > 1e-9) & (p <= q)).sum())} such token(s) above 0")
 
 
 @checks_part("spec.residual")

@@ -281,3 +281,30 @@ def test_in_smoke_the_measured_speedups_are_not_judged():
     assert "skipped in SMOKE: too small to measure" in lines[0] and "measured 5.30" not in lines[0]
     with pytest.raises(AssertionError, match="v = 0.52x"):
         payoff.check_payoff({"eagle k=3": EAGLE}, verify_cost=0.52, k=3, smoke=True)
+
+
+# --- every rejection names the part, its file and a cause --------------------------------------------------------
+@pytest.mark.parametrize("bad, msg", [
+    (lambda p, q: torch.clamp(q - p, min=0) / torch.clamp(q - p, min=0).sum(), r"max\(0, q - p\)"),
+    (lambda p, q: (torch.clamp(p - q, min=0) + 0.01 * p) / (torch.clamp(p - q, min=0) + 0.01 * p).sum(),
+     "only where p > q"),
+    (lambda p, q: p, "returned p"),
+])
+def test_residual_rejections_name_part_file_and_cause(bad, msg):
+    with pytest.raises(AssertionError, match=msg) as err:
+        lab07.check_residual(bad, seed=0)
+    assert str(err.value).startswith("spec.residual (lab 07, my_engine/spec.py): ") and "hint: " in str(err.value)
+
+
+@pytest.mark.parametrize("bad", [_resample_from_p, _bonus_from_last_draft_row])
+def test_accept_reject_rejections_name_part_and_file(bad):
+    with pytest.raises(AssertionError) as err:
+        lab07.check_accept_reject(bad, seed=0)
+    assert str(err.value).startswith("spec.accept_reject (lab 07, my_engine/spec.py): ") and "hint: " in str(err.value)
+
+
+@pytest.mark.parametrize("bad", [_no_bonus, _appends_the_guess])
+def test_verify_greedy_rejections_name_part_and_file(bad):
+    with pytest.raises(AssertionError) as err:
+        lab07.check_verify_greedy(bad, seed=0)
+    assert str(err.value).startswith("spec.verify_greedy (lab 07, my_engine/spec.py): ") and "hint: " in str(err.value)
