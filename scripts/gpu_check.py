@@ -279,14 +279,16 @@ def stage_warmup(a, size, rec) -> None:
 
 
 def stage_unit(a, size, rec) -> None:
-    """The CUDA-path unit tests (graphs, flex, KV sizing, engine lifetime) on this machine: on CUDA the CUDA-only
-    ones run too. One row per test, written as each test ends (scripts/gpu_check_plugins/pytest_rows.py), so a
-    stage killed by its timeout keeps what finished. The test that needs the prepared SmolLM2 is left out (its
-    GGUF cannot travel)."""
+    """The CUDA-path unit tests (graphs, flex, KV sizing, engine lifetime, float64 tokens per fast-path
+    configuration) on this machine: on CUDA the CUDA-only ones run too. One row per test, written as each test
+    ends (scripts/gpu_check_plugins/pytest_rows.py), so a stage killed by its timeout keeps what finished. The
+    test that needs the prepared SmolLM2 is left out (its GGUF cannot travel)."""
     import subprocess
     import tempfile
 
-    tests = ["tests/unit/test_fast_paths.py", "tests/unit/test_cuda_logic.py", "tests/unit/test_engine_memory.py"]
+    tests = ["tests/unit/test_fast_paths.py", "tests/unit/test_cuda_logic.py", "tests/unit/test_engine_memory.py",
+             # the float64 bisect (eager, graphs without flex, every fast path) against the CPU's tokens
+             "tests/unit/test_fast_path_fallback.py::test_cuda_float64_tokens_equal_the_cpu_in_each_configuration"]
     with tempfile.TemporaryDirectory() as tmp:
         rows = Path(tmp) / "rows.jsonl"
         cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "pytest_rows", "-m", "not slow",
