@@ -27,7 +27,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = "results.json"
-STAGES = ("env", "warmup", "unit", "hf_match", "bf16_tokens", "kv_sizing", "bandwidth", "throughput", "labs")
+# the order they run in: the engine's speed first (bandwidth, throughput, profile), then its correctness
+STAGES = ("env", "warmup", "bandwidth", "throughput", "profile", "unit", "hf_match", "bf16_tokens", "kv_sizing",
+          "labs")
 # per size: models for the token checks, the bandwidth and throughput models, batches and lengths
 SIZES = {
     "full": dict(match=["smollm2-135m-random", "llama-3.2-1b-random"], bound_model="llama-3.2-1b-random",
@@ -542,10 +544,71 @@ def stage_throughput(a, size, rec) -> None:
             rec.row(model=size["tput_model"], batch=batch, eager=eager,
                     rows_per_step=f"{min(w['rows'])}-{max(w['rows'])}",
                     step_ms=w["step_s"] * 1e3, output_tokens_per_s=w["tokens_per_s"],
+                    replay_ms=None if w["replay_s"] is None else w["replay_s"] * 1e3,
                     prefill_steps=w["prefill_steps"], **fast_paths(eng))
             eng.close()
             _free(dev)
     rec.figures(**{f"graphs_speedup_b{b}": rate[(b, False)] / rate[(b, True)] for b in size["batches"]})
+
+
+def _device_us(e) -> float:
+    """An event's own device time in µs (torch renamed cuda_* to device_*)."""
+    return float(getattr(e, "self_device_time_total", None) or getattr(e, "self_cuda_time_total", 0.0) or 0.0)
+
+
+def profile_summary(prof, steps: int, on_cuda: bool) -> dict:
+    """From a torch.profiler run over `steps` decode steps: kernels per step and the ten costliest (on CUDA the
+    device's kernels and their device time; on a CPU the aten ops and their own CPU time)."""
+    events = prof.key_averages()
+    if on_cuda:
+        kernels = [e for e in events if _device_us(e) > 0 and not e.key.startswith(("aten::", "cuda", "Memcpy"))]
+        cost = _device_us
+    else:
+        kernels = [e for e in events if e.key.startswith("aten::")]
+        cost = lambda e: float(e.self_cpu_time_total)  # noqa: E731
+    total = sum(cost(e) for e in kernels)
+    top = sorted(kernels, key=cost, reverse=True)[:10]
+    return {"kernels_per_step": sum(e.count for e in kernels) / steps, "device_us_per_step": total / steps,
+            "top_kernels": [{"name": e.key[:80], "calls_per_step": e.count / steps, "us_per_step": cost(e) / steps,
+                             "share": cost(e) / total if total else 0.0} for e in top]}
+
+
+def stage_profile(a, size, rec) -> None:
+    """Where a decode step's time goes, from torch.profiler over the timed steps (graphs on, as served): kernels per
+    step, the ten costliest, the device's time per step against the step's wall time (the rest is the host's, or
+    the device waiting on it), at batch 1 on the bandwidth model and at the largest throughput batch. On a CPU the
+    aten ops stand in for kernels."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from lab_utils import EngineConfig, LLMEngine
+    from lab_utils.device import resolve_dtype
+    from lab_utils.models.loader import load_model
+
+    dev = _device(a.device)
+    on_cuda = dev.type == "cuda"
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if on_cuda else [])
+    for name, batch in ((size["bound_model"], 1), (size["tput_model"], size["batches"][-1])):
+        model, tok = load_model(name, device=dev, dtype=resolve_dtype(a.dtype, dev))
+        budget = max(512, 2 * batch)
+        eng = LLMEngine((model, tok), EngineConfig(max_num_seqs=batch, max_num_batched_tokens=budget,
+                                                   kv_cache_memory_bytes=size["kv_bytes"] // (16 if batch == 1 else 1)),
+                        device=dev)
+        eng.warmup(max_batch=batch, max_context=size["prompt_len"] + window_tokens(budget, batch, size["prompt_len"],
+                                                                                  size["steps"]))
+        prof = profile(activities=activities)
+        w = decode_window(eng, batch, size["prompt_len"], size["steps"], replays=1, around=prof)
+        require_fast_paths(eng, eager=False)
+        s = profile_summary(prof, size["steps"], on_cuda)
+        step_us = 1e6 * w["step_s"]
+        top = s.pop("top_kernels")
+        rec.row(model=name, batch=batch, step_us=step_us, device_us_per_step=s["device_us_per_step"],
+                device_share=s["device_us_per_step"] / step_us, kernels_per_step=s["kernels_per_step"],
+                top3=" | ".join(f"{k['name'][:40]} {k['share']:.0%}" for k in top[:3]), **fast_paths(eng))
+        rec.data.setdefault("top_kernels", {})[f"{name} b{batch}"] = top
+        rec.save()
+        eng.close()
+        del model, prof
+        _free(dev)
 
 
 # SMOKE runs whose claims hold with random weights of SmolLM2-135M's shape (timings, identities, the roofline):

@@ -10,7 +10,10 @@
 #   bf16_tokens  bf16 greedy tokens, CUDA graphs + FlexAttention vs eager, same prompts: equal or near-ties
 #   kv_sizing    the KV cache sized by gpu_memory_utilization (vLLM's meaning); a second engine gets the error
 #   bandwidth    decode at batch 1 vs the bandwidth bound: whole step, and graph replay alone (CUDA events)
-#   throughput   output tokens/s at batch 64-256 (every timed step holds the batch), with and without graphs
+#   throughput   output tokens/s at batch 64-256 (every timed step holds the batch), with and without graphs,
+#                and the graph replay alone at each batch
+#   profile      torch.profiler over decode steps (batch 1 and 256): kernels per step, the ten costliest, the
+#                device's time per step against the step's wall time
 #   labs         (--course) every lab in SMOKE mode with random weights of SmolLM2's shape, 4 at a time, the
 #                longest first, each under its own limit and all under the stage's; one row per lab: status,
 #                seconds, failing cell and error, its PASS / FAIL / NOT JUDGED lines, fast paths and fallbacks,
@@ -37,7 +40,7 @@ for arg in "$@"; do
   case "$arg" in
     --rehearse) REHEARSE=1 ;;
     --course) COURSE=1 ;;
-    -h|--help) sed -n '2,35p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,34p' "$0"; exit 0 ;;
     *) echo "unknown argument: $arg (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -70,18 +73,19 @@ if [ "$REHEARSE" = 1 ]; then
     STAGES=${GPU_CHECK_STAGES:-"env:40 warmup:90 labs:1500"}
     BUDGET=${GPU_CHECK_BUDGET:-1650}
   else  # three short labs stand for the labs stage
-    STAGES=${GPU_CHECK_STAGES:-"env:40 warmup:90 unit:90 hf_match:60 bf16_tokens:60 kv_sizing:30 bandwidth:60 throughput:60 labs:240"}
+    STAGES=${GPU_CHECK_STAGES:-"env:40 warmup:90 bandwidth:60 throughput:60 profile:60 unit:90 hf_match:60 bf16_tokens:60 kv_sizing:30 labs:240"}
     BUDGET=${GPU_CHECK_BUDGET:-540}
     GPU_CHECK_LABS=${GPU_CHECK_LABS:-"02 03 11"}
   fi
 else
   DEVICE=${DEVICE:-cuda}
   SIZE=${GPU_CHECK_SIZE:-$([ "$DEVICE" = cpu ] && echo tiny || echo full)}
-  # stage:timeout (s), under 9 minutes with Python start-ups and the table: the engine (500 s), or the course (520 s)
+  # stage:timeout (s), under 9 minutes with Python start-ups and the table: the engine (505 s, its speed first), or
+  # the course (520 s)
   if [ "$COURSE" = 1 ]; then
     STAGES=${GPU_CHECK_STAGES:-"env:20 warmup:100 labs:400"}
   else
-    STAGES=${GPU_CHECK_STAGES:-"env:20 warmup:100 unit:60 hf_match:45 bf16_tokens:55 kv_sizing:35 bandwidth:65 throughput:100"}
+    STAGES=${GPU_CHECK_STAGES:-"env:20 warmup:100 bandwidth:65 throughput:95 profile:40 unit:60 hf_match:45 bf16_tokens:50 kv_sizing:30"}
   fi
   BUDGET=${GPU_CHECK_BUDGET:-540}
 fi

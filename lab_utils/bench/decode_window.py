@@ -26,12 +26,16 @@ def window_tokens(budget: int, batch: int, prompt_len: int, steps: int, warm: in
     return prefill + warm + steps + 8
 
 
-def decode_window(eng, batch: int, prompt_len: int, steps: int, warm: int = 2, replays: int = 50) -> dict:
+def decode_window(eng, batch: int, prompt_len: int, steps: int, warm: int = 2, replays: int = 50,
+                  around=None) -> dict:
     """Time `steps` pure decode steps of `batch` running requests (prefills done, `warm` steps untimed).
 
     Every request is long enough to outlive the timed window (`window_tokens`); the step log proves it: each
     timed step must hold `batch` decode rows. The requests are aborted after the window. Returns the seconds and
-    rows of each timed step, the token rate sum(rows) / sum(seconds), and the graph replay alone on CUDA."""
+    rows of each timed step, the token rate sum(rows) / sum(seconds), and the graph replay alone on CUDA.
+    `around`: a context manager entered around the timed steps alone (a profiler)."""
+    import contextlib
+
     from lab_utils import SamplingParams
     from lab_utils.device import synchronize
 
@@ -46,12 +50,13 @@ def decode_window(eng, batch: int, prompt_len: int, steps: int, warm: int = 2, r
         eng.step()
     times = []
     first = len(eng.step_log)
-    for _ in range(steps):
-        synchronize(eng.device)
-        t0 = time.perf_counter()
-        eng.step()
-        synchronize(eng.device)
-        times.append(time.perf_counter() - t0)
+    with around if around is not None else contextlib.nullcontext():
+        for _ in range(steps):
+            synchronize(eng.device)
+            t0 = time.perf_counter()
+            eng.step()
+            synchronize(eng.device)
+            times.append(time.perf_counter() - t0)
     log = eng.step_log[first:]
     rows = [len(e["requests"]) for e in log]
     mixed = [e["step"] for e in log if any(n != 1 for _, n in e["requests"]) or e["preempted"]]

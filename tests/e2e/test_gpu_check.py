@@ -73,6 +73,13 @@ def test_rehearsal_of_the_lent_machine_gives_every_stage_rows_within_its_limits(
         assert row["rows_per_step"] == f"{row['batch']}-{row['batch']}" and not row["fast_path_errors"]
     assert {row["batch"] for row in stages["throughput"]["rows"]} == {2, 4}
     assert stages["bandwidth"]["figures"]["copy_bandwidth_GBps"] > 0
+    # the profile: kernels (on a CPU, aten ops) per decode step and the costliest, at batch 1 and the largest batch
+    prof = stages["profile"]
+    assert [row["batch"] for row in prof["rows"]] == [1, 4]
+    for row in prof["rows"]:
+        assert row["kernels_per_step"] > 0 and 0 < row["device_us_per_step"] and row["top3"]
+    assert all(len(top) == 10 and top[0]["us_per_step"] >= top[-1]["us_per_step"]
+               for top in prof["top_kernels"].values())
     # what comes back, the budget, the table last
     files = [p for p in tmp_path.rglob("*") if p.is_file()]
     assert len(files) <= MAX_FILES and all(p.stat().st_size < MAX_BYTES for p in files), files
