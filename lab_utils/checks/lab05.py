@@ -71,7 +71,8 @@ def _e4m3_diagnosis(x: float, got, expected: int) -> str:
     if a < E4M3.min_normal and abs(gv) != abs(ev):
         return (f"{x!r} is below the smallest normal value 2^-6 = {E4M3.min_normal}: it is subnormal (exponent field "
                 f"0, no implicit leading 1, steps of 2^-9)")
-    return ""
+    return ("the pattern is sign (bit 7), exponent (bits 6-3, bias 7), mantissa (bits 2-0) of the E4M3 value nearest "
+            f"to {x!r}: yours decodes to {gv!r}, the nearest is {ev!r}")
 
 
 def check_encode_e4m3(fn: Callable[[float], int], seed: int | None = None) -> None:
@@ -150,7 +151,8 @@ def check_int8_per_channel(quantize_fn: Callable, dequantize_fn: Callable, seed:
             hint = (" (it looks like you divided by 128 or 255; the symmetric INT8 range is ±127)" if
                     abs(ratio - 128 / 127) < 1e-3 or abs(ratio - 255 / 127) < 1e-3 else
                     " (it looks like you used the largest value, not the largest |value|: negative weights count)"
-                    if w[r].max() < w[r].abs().max() else "")
+                    if w[r].max() < w[r].abs().max() else
+                    " (a row's scale is the largest |w| of that row / 127, from the weights as given)")
             raise AssertionError(f"scale of row {r}: expected {ref.scale[r].item():.6g}, got {scale[r].item():.6g}{hint}")
         if int(q.min()) < -127:
             raise AssertionError(f"q contains {int(q.min())}; symmetric INT8 uses -127..127 so the grid is symmetric")
@@ -159,7 +161,8 @@ def check_int8_per_channel(quantize_fn: Callable, dequantize_fn: Callable, seed:
             r, c = (int(i) for i in wrong.nonzero()[0])
             x = (w[r, c] / ref.scale[r, 0]).item()
             hint = (" (round to nearest, not toward zero: int() / .to(int8) truncate)" if int(q[r, c]) == math.trunc(x)
-                    else "")
+                    else " (each q is w / its row's scale rounded to the nearest integer, ties to even as torch.round, "
+                         "then clamped to -127..127)")
             raise AssertionError(f"q[{r}, {c}] = {int(q[r, c])} but w/scale = {x:.4f} should round to {int(ref.q[r, c])}{hint}")
         w_hat = dequantize_fn(ref.q.clone(), ref.scale.clone())
         if not isinstance(w_hat, torch.Tensor) or w_hat.shape != w.shape:
@@ -281,7 +284,9 @@ def check_int4_per_group(quantize_fn: Callable, dequantize_fn: Callable, seed: i
             x32 = (w[r, col] / (w[r, col // gs * gs:(col // gs + 1) * gs].abs().max() / 7)).item()
             hint = ("round to nearest, not toward zero" if int(q[r, col]) == math.trunc(x) else
                     "compute q with the scale you store (the fp16 one): q = round(w / stored scale), so that "
-                    "q x stored scale is what the layer will compute" if int(q[r, col]) == round(x32) else "")
+                    "q x stored scale is what the layer will compute" if int(q[r, col]) == round(x32) else
+                    f"column {col} belongs to group {col // gs} (col // group_size): q = round(w / that group's "
+                    f"stored scale), clamped to -7..7")
             raise AssertionError(f"{where}: q[{r}, {col}] = {int(q[r, col])}, but w / stored scale = {x:.4f} rounds "
                                  f"to {int(q_ref[r, col])}" + (f"\n   hint: {hint}" if hint else ""))
         for dtype in (torch.float32, torch.bfloat16):
@@ -346,11 +351,21 @@ def check_fp8_kv(encode_fn: Callable, decode_fn: Callable, seed: int | None = No
             v = float(x[idx])
             hint = ""
             as_ints = want.view(torch.float8_e4m3fn).to(torch.uint8)  # the values converted, not their bits
-            if int(got[idx]) == int(as_ints[idx]):
+            if torch.equal(got, as_ints):  # every byte is a converted value, not a bit pattern
                 hint = ("you converted the values to integers; the byte must hold the value's bit pattern: "
                         ".view(torch.uint8) reinterprets, .to(torch.uint8) converts")
             elif abs(v) > 448:
                 hint = "beyond ±448: saturate (clamp) first; E4M3 has no infinity"
+            elif int(got[idx]) == int(want[idx]) ^ 0x80:
+                hint = "bit 7 is the sign: 1 for a negative value (-0.0 included)"
+            elif abs(v) < 2.0 ** -6:
+                hint = ("below 2^-6 E4M3 is subnormal (exponent field 0): the value is mantissa x 2^-9, rounded to the "
+                        "nearest multiple of 2^-9")
+            elif abs(int(got[idx]) - int(want[idx])) == 1:
+                hint = ("one step off: round to the nearest E4M3 value, and a value exactly halfway between two takes "
+                        "the one with the even mantissa (round half to even)")
+            else:
+                hint = "the byte is sign (bit 7), exponent (bits 6-3, bias 7), mantissa (bits 2-0)"
             raise AssertionError(f"encode({v!r}) gave byte 0x{int(got[idx]):02X}, expected {_describe(int(want[idx]))}"
                                  + (f"\n   hint: {hint}" if hint else ""))
     bits = torch.tensor([b for b in range(256) if b not in (0x7F, 0xFF)], dtype=torch.uint8).reshape(2, 127)

@@ -266,3 +266,38 @@ def test_a_quantizer_of_the_wrong_shape_is_named_by_the_engine():
     with pytest.raises(AssertionError, match="could not use your parts.*INT8 quantizer"):
         lab05.check_quant_in_engine(EngineParts({"quant.quantize_per_channel_int8": lambda w: (
             quantize_per_channel_int8(w)[0], quantize_per_channel_int8(w)[1].flatten()[:1])}), num_requests=2)
+
+
+# --- the FP8 codec's rejections name both parts, their file and a cause --------------------------------------------
+def _encode_without_sign(x):
+    return fp8_encode(x.abs())
+
+
+def _encode_flushing_subnormals(x):
+    return fp8_encode(torch.where(x.abs() < 2.0 ** -6, torch.zeros_like(x), x))
+
+
+def _encode_scaled(x):  # values nudged before rounding: bytes one E4M3 step (or more) off
+    return fp8_encode(x * 0.97)
+
+
+@pytest.mark.parametrize("encode, message", [
+    (_encode_without_sign, "bit 7 is the sign"),
+    (_encode_flushing_subnormals, "subnormal"),
+    (_encode_scaled, "one step off|the byte is sign"),
+])
+def test_fp8_encode_rejections_name_the_parts_their_file_and_a_cause(encode, message):
+    with pytest.raises(AssertionError, match=message) as err:
+        lab05.check_fp8_kv(encode, fp8_decode, seed=0)
+    assert str(err.value).startswith("kv_cache.fp8_encode and kv_cache.fp8_decode (lab 05, my_engine/kv_cache.py): ")
+    assert "hint: " in str(err.value)
+
+
+@pytest.mark.parametrize("decode, message", [
+    (lambda b, dt: decode_by_hand(b, dt, subnormals=False), "subnormal"),
+    (lambda b, dt: decode_by_hand(b, dt, sign=False), "sign"),
+])
+def test_fp8_decode_rejections_name_the_parts_their_file_and_a_cause(decode, message):
+    with pytest.raises(AssertionError, match=message) as err:
+        lab05.check_fp8_kv(fp8_encode, decode, seed=0)
+    assert str(err.value).startswith("kv_cache.fp8_encode and kv_cache.fp8_decode (lab 05, my_engine/kv_cache.py): ")
