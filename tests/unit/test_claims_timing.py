@@ -56,3 +56,65 @@ def test_judge_error_says_not_judged_only_when_the_measurement_is_too_noisy(erro
     text, ok = judge_error("the model predicts the run", errors, spreads, 0.35, "rerun the calibration cell")
     assert ok is want
     assert ("NOT JUDGED" in text and "rerun the calibration cell" in text and "TTFT 80%" in text) == (want is None)
+
+
+# ------------------------------------------------------------------------------------------------ device costs
+def test_step_costs_fit_recovers_both_profiles():
+    from lab_utils.checks.timing import StepCosts
+    from tests.unit import step_profiles
+
+    tokens = [1, 4, 9, 32, 64, 128, 256, 512] * 3
+    cpu = StepCosts.fit([step_profiles.log(tokens, "cpu")])
+    assert cpu.fixed_s == pytest.approx(1e-3, rel=0.5) and cpu.per_token_s == pytest.approx(4e-4, rel=0.05)
+    flat = StepCosts.fit([step_profiles.log(tokens, "launch")])
+    assert flat.fixed_s == pytest.approx(0.03, rel=0.03) and flat.cost(512) / flat.cost(1) < 1.05
+    assert "per token (fitted on 24 steps of up to 512 tokens)" in flat.describe()
+    with pytest.raises(ValueError, match="at least two sizes"):
+        StepCosts.fit([step_profiles.log([8, 8, 8], "cpu")])
+
+
+def test_device_condition_judges_only_a_prediction_that_clears_the_bar_with_a_margin():
+    from lab_utils.checks.timing import DEVICE_MARGIN, StepCosts, device_condition
+
+    costs = StepCosts(0.03, 0.0, 10, 512)
+    assert device_condition(("x >= 2x", False), 2 * DEVICE_MARGIN, 2.0, costs, "growth") == ("x >= 2x", False)
+    text, ok = device_condition(("x >= 2x", False), 1.9 * DEVICE_MARGIN, 2.0, costs, "a cost that grows")
+    assert ok is None and "NOT JUDGED: on this device a step costs 30.00 ms" in text and "a cost that grows" in text
+
+
+def test_launch_bound_steps_make_a_real_engines_step_cost_flat_and_lab01s_claim_says_so():
+    """The profile on the real engine: static and continuous batching of one workload under it, the step logs
+    fitted flat, and lab 01's >= 2x claim NOT JUDGED with the prediction (continuous gains only fewer steps),
+    never a FAIL; outside the block the engine's steps are its own again."""
+    from lab_utils import EngineConfig, LLMEngine, SamplingParams, load_model
+    from lab_utils.checks import lab01
+    from lab_utils.checks.timing import StepCosts, launch_bound_steps
+
+    model_tok = load_model("tiny-random", device="cpu")
+    prompts = [[100 + i + j for j in range(4 + i % 5)] for i in range(8)]
+    lens = [2, 9, 3, 12, 2, 5, 14, 3]
+    logs, seconds = {}, {}
+    floor = 0.15  # above what a tiny-random step costs even on a loaded 2-core CPU
+    with launch_bound_steps(floor):
+        for sched in ("static", "continuous"):
+            eng = LLMEngine(model_tok, EngineConfig(scheduler=sched, max_num_seqs=4, num_gpu_blocks=64), device="cpu")
+            for p, n in zip(prompts, lens):
+                eng.add_request(p, SamplingParams(max_tokens=n, ignore_eos=True))
+            while eng.has_unfinished():
+                eng.step()
+            logs[sched] = eng.step_log
+            seconds[sched] = logs[sched][-1]["end"] - logs[sched][0]["start"]
+    costs = StepCosts.fit(logs.values())
+    assert all(s["end"] - s["start"] >= floor for log in logs.values() for s in log)
+    assert costs.fixed_s >= 0.9 * floor and costs.cost(costs.max_tokens) < 1.5 * costs.cost(1), costs.describe()
+    r = dict(throughput_rounds=[seconds["static"] / seconds["continuous"]], static_steps=len(logs["static"]),
+             continuous_steps=len(logs["continuous"]), mismatch={}, static_eq_cont=True,
+             calls={name: 1 for name in lab01.CONTINUOUS_RUN_PARTS}, step_logs=logs)
+    text, ok = lab01.claims(r)[0]
+    assert ok is None and "predicts only" in text, text
+    eng = LLMEngine(model_tok, EngineConfig(num_gpu_blocks=64), device="cpu")  # the profile is gone
+    eng.generate([prompts[0]], SamplingParams(max_tokens=2, ignore_eos=True))
+    assert min(s["end"] - s["start"] for s in eng.step_log) < floor
+    with pytest.raises(ValueError, match="must be > 0"):
+        with launch_bound_steps(0):
+            pass
