@@ -11,6 +11,7 @@ import inspect
 import io
 import re
 import textwrap
+from pathlib import Path
 from typing import Callable
 
 from lab_utils.course import learner_parts
@@ -66,3 +67,28 @@ def save(name: str, launcher: Callable, kernels: tuple = (), helpers: tuple = ()
     path.write_text(text, encoding="utf-8")
     print(f"engine part {name} is now yours (saved: {path})")
     return str(path)
+
+
+def show_reference_kernel() -> None:
+    """The engine's own Triton kernel (`_decode_jit.py`), rendered like `learner_parts.show_reference`: only once
+    both kernel parts have passed their checks and been saved (it does both exercises' work, so it would give
+    the second away after the first)."""
+    missing = [n for n in ("kernel.paged_decode", "kernel.paged_decode_split") if learner_parts.load_part(n) is None]
+    if missing:
+        print(f"The engine's own kernel is shown here once yours have passed their checks ({', '.join(missing)} "
+              f"not saved yet).")
+        return
+    src = Path(__file__).with_name("_decode_jit.py").read_text(encoding="utf-8")
+    src = src[src.index("@triton.jit"):]
+    title = "The engine's own kernel (lab_utils/kernels/_decode_jit.py; `paged_decode_triton.py` launches it):"
+    try:
+        from IPython import get_ipython
+        from IPython.display import Markdown, display
+
+        if get_ipython() is not None:
+            display(Markdown(f"{title}\n\n```python\n{src}```"))
+            return
+    except ImportError:
+        pass
+    print(title)
+    print(src)

