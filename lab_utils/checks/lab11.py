@@ -18,7 +18,8 @@ ENTITIES = ["Marie Curie", "Apollo 11", "Leonardo da Vinci", "Mount Everest", "N
             "Isaac Newton", "Frida Kahlo", "Amazon River", "Alan Turing", "Taj Mahal", "Roger Federer", "Nikola Tesla",
             "Pablo Picasso", "Charles Darwin", "Inca Empire", "Hagia Sophia", "Mozart", "Kublai Khan", "Jupiter"]
 PLACES = ["France", "Japan", "Peru", "Egypt", "Italy", "Mexico", "India", "Poland"]
-OPENERS = ["Tell me about {e}.", "Who was {e}?", "What is {e} known for?", "Why is {e} famous?"]
+OPENERS = ["Tell me about {e}.", "Who was {e}?", "What is {e} known for?", "Why is {e} famous?",
+           "Compare {e} with {e2}."]  # a topic opened with two entities: both are in focus, in order
 FOLLOW_UPS = [
     "Where was she born?", "When did it happen?", "Why is he remembered?", "How big is it?",
     "What about {e}?", "How about {e} then?", "And what did {e} do there?",
@@ -26,7 +27,8 @@ FOLLOW_UPS = [
     "Which others are similar, not {f}?", "Any besides {f}?", "What else, other than {f}?",
     "When did the construction end?", "Who built the first one?",
 ]
-SHIFTS = ["Now tell me about {e}.", "Who was {e}?", "What was {e} famous for in {y}?", "Describe {e} in {p}."]
+SHIFTS = ["Now tell me about {e}.", "Who was {e}?", "What was {e} famous for in {y}?", "Describe {e} in {p}.",
+          "How is {e} like {e2}?"]
 
 
 def random_conversation(rng: random.Random, turns: int) -> list[str]:
@@ -43,14 +45,22 @@ def random_conversation(rng: random.Random, turns: int) -> list[str]:
         e = rng.choice(ENTITIES)
         f = rng.choice(focus) if focus else rng.choice(ENTITIES)
         c = f"{rng.randint(12, 20)}th century"
-        msg = template.format(e=e, f=f, p=rng.choice(PLACES), y=rng.randint(1500, 2020), c=c)
+        e2 = rng.choice([x for x in ENTITIES if x != e]) if "{e2}" in template else ""
+        msg = template.format(e=e, e2=e2, f=f, p=rng.choice(PLACES), y=rng.randint(1500, 2020), c=c)
+        if "{e2}" in template:
+            focus.insert(0, e2)
         if "{e}" in template:
             focus.insert(0, e)
         msgs.append(msg)
     return msgs
 
 
-def _diagnose(field: str, got, expected, prev: SessionState, new: SessionState) -> str | None:
+def _new_topic(prev: SessionState, msg: str) -> bool:
+    """Whether `msg` opens a topic (the rule the exercise states)."""
+    return prev.turn == 0 or (any(e not in prev.entities for e in extract_entities(msg)) and not refers_back(msg))
+
+
+def _diagnose(field: str, got, expected, prev: SessionState, new: SessionState, msg: str = "") -> str | None:
     if field == "entities":
         if len(got) > MAX_ENTITIES:
             return f"more than MAX_ENTITIES={MAX_ENTITIES} entities kept: cap the focus, keeping the most recent"
@@ -58,11 +68,17 @@ def _diagnose(field: str, got, expected, prev: SessionState, new: SessionState) 
             return "right entities, wrong order: the newest entities go first"
         if any(f"not {e}" in new.constraints for e in got):
             return 'an entity the user ruled out ("not X") is still in focus'
-        if prev.entities and set(expected) > set(got):
+        opens = _new_topic(prev, msg)
+        if opens and set(expected) > set(got):
+            return (f"this message opens a topic: the focus is every entity it names, in order "
+                    f"({', '.join(expected)}); you kept {len(got)} of them")
+        if not opens and prev.entities and set(expected) > set(got):
             return "entities in focus were dropped on a follow-up: keep the earlier ones behind the new ones"
         if set(got) > set(expected):
             return ("old entities survived a topic change: a message that names an entity not in focus, with no "
                     "back-reference, starts afresh")
+        return ("the focus: on a new topic the entities the message names; on a follow-up those, then the ones "
+                f"already in focus; without ruled-out ones (\"not X\"); at most MAX_ENTITIES={MAX_ENTITIES}")
     if field == "constraints":
         if set(got) < set(expected):
             return "constraints given earlier in the same topic were lost: a follow-up adds to them"
@@ -99,7 +115,7 @@ def check_update_state(fn: Callable[[SessionState, str], SessionState], seed: in
                     g = tuple(g)
                 if g != e:
                     history = "\n".join(f"  {j}: {m!r}" for j, m in enumerate(msgs[: i + 1]))
-                    hint = _diagnose(field, g, e, ref, expected)
+                    hint = _diagnose(field, g, e, ref, expected, msg)
                     named = extract_entities(msg)
                     if (i > 0 and named and not refers_back(msg) and all(x in ref.entities for x in named)
                             and field in ("entities", "constraints", "goal")):  # the case "new" is about

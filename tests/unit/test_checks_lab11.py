@@ -158,3 +158,27 @@ def test_layout_in_engine(tokenizer, capsys):
     assert got["yours"]["hit_rate"] > got["volatile first"]["hit_rate"]
     with pytest.raises(AssertionError, match="hit the prefix cache"):
         lab11.check_layout_in_engine(_state_first, tokenizer)
+
+
+def _first_entity_only(state, message):
+    """Keeps only the first entity a message names when it opens a topic."""
+    new = update_state(state, message)
+    opens = state.turn == 0 or (set(extract_entities(message)) - set(state.entities) and not refers_back(message))
+    return replace(new, entities=new.entities[:1]) if opens else new
+
+
+def _drops_old_on_follow_up(state, message):
+    """On a follow-up, keeps only the entities the message names."""
+    new = update_state(state, message)
+    opens = state.turn == 0 or (set(extract_entities(message)) - set(state.entities) and not refers_back(message))
+    return new if opens else replace(new, entities=tuple(e for e in new.entities if e in extract_entities(message)))
+
+
+def test_entity_causes_name_the_mistake_and_stay_silent_on_the_other():
+    with pytest.raises(AssertionError) as err:
+        lab11.check_update_state(_first_entity_only, seed=0)
+    assert "this message opens a topic: the focus is every entity it names" in str(err.value)
+    assert "dropped on a follow-up" not in str(err.value)
+    with pytest.raises(AssertionError) as err:
+        lab11.check_update_state(_drops_old_on_follow_up, seed=0)
+    assert "dropped on a follow-up" in str(err.value) and "opens a topic" not in str(err.value)
