@@ -37,9 +37,16 @@ def _check_apply(fn: Callable, rng: random.Random) -> None:
             r, t = (want_allowed != got_allowed).nonzero()[0].tolist()
             w, j = divmod(t, 32)
             verdict = "allowed" if want_allowed[r, t] else "forbidden"
-            hint = ""
-            if t == 31 or t == 0 or t == 2:
+            if torch.equal(got_allowed, ~want_allowed):
+                hint = " (your mask is inverted: a set bit (1) means the token is allowed)"
+            elif t == 31 or t == 0 or t == 2:
                 hint = " (bit j counts from the least significant bit: token 32*w + j is (word >> j) & 1)"
+            elif t >= vocab - vocab % 32 and vocab % 32:
+                hint = (f" (the last word covers tokens {vocab - vocab % 32}..{vocab - 1} only: token 32*w + j is "
+                        f"(word >> j) & 1 there too)")
+            else:
+                hint = (f" (token {t} is allowed exactly when bit {j} of word {w} of its row is set: "
+                        f"(bitmask[{r}, {w}] >> {j}) & 1, the word read as 32 bits, sign bit included)")
             raise AssertionError(f"row {r}, token {t} (word {w}, bit {j}, vocab {vocab}): the bitmask says "
                                  f"{verdict} but your logit there is {float(got[r, t])}{hint}")
         if not torch.equal(got[got_allowed], want[want_allowed]):

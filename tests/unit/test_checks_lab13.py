@@ -65,3 +65,22 @@ def test_check_mask_step_lets_not_implemented_through():
 
     with pytest.raises(NotImplementedError):
         lab13.check_mask_step(todo, advance_matcher)
+
+
+def _inverted(logits, bitmask):
+    allowed = apply_token_bitmask(logits.clone(), bitmask).isfinite()
+    return logits.masked_fill(allowed, float("-inf"))
+
+
+def _words_as_unsigned_31_bits(logits, bitmask):  # bit 31 (the sign bit) dropped: token 32*w + 31 never allowed
+    allowed = apply_token_bitmask(logits.clone(), bitmask & 0x7FFFFFFF).isfinite()
+    return logits.masked_fill(~allowed, float("-inf"))
+
+
+def test_mask_causes_name_the_mistake_and_stay_silent_on_the_other():
+    with pytest.raises(AssertionError, match="your mask is inverted") as err:
+        lab13.check_mask_step(_inverted, advance_matcher, seed=0)
+    assert "least significant" not in str(err.value)
+    with pytest.raises(AssertionError, match="least significant|sign bit included") as err:
+        lab13.check_mask_step(_words_as_unsigned_31_bits, advance_matcher, seed=0)
+    assert "inverted" not in str(err.value)
