@@ -102,7 +102,14 @@ def check_goodput(fn: Callable, seed: int | None = None, runs: int = 6) -> None:
             raise AssertionError(f"goodput must return a number (requests per second), got {type(got).__name__}: {got!r}")
         if not math.isclose(float(got), want, rel_tol=1e-9, abs_tol=1e-12):
             why = [m for m, v in _mistakes(reqs, dur, ttft_ms, tpot_ms).items() if math.isclose(v, float(got), rel_tol=1e-9)]
-            hint = f" Likely cause: {why[0]}." if why else ""
+            if len(why) == 1:
+                hint = f" Likely cause: {why[0]}."
+            elif why:  # this run cannot tell them apart: say so rather than pick one
+                hint = " Likely cause, one of (they give the same number on this run): " + "; ".join(why) + "."
+            else:
+                hint = (f" Your value is {float(got) * dur:.3g} good requests over duration_s, the SLOs give "
+                        f"{want * dur:.0f}: a request is good when it has tokens, its TTFT <= slo_ttft_ms and its TPOT "
+                        f"<= slo_tpot_ms (an SLO of None is not checked; both in milliseconds).")
             raise AssertionError(
                 f"run {k}: {len(reqs)} requests over duration_s={dur}, slo_ttft_ms={ttft_ms}, slo_tpot_ms={tpot_ms}: "
                 f"expected goodput {want:.4f} req/s, got {float(got):.4f}.{hint}")

@@ -144,3 +144,22 @@ def test_sweep_checker_accepts_correct(capsys):
 def test_sweep_checker_rejects_mistakes(bad, msg):
     with pytest.raises(AssertionError, match=msg):
         lab08.check_sweep(bad)
+
+
+def _seconds_vs_ms(requests, duration_s, slo_ttft_ms, slo_tpot_ms):  # SLOs compared with seconds
+    return sum(1 for r in requests if r.token_times and meets_slo(r, None if slo_ttft_ms is None else slo_ttft_ms / 1e3,
+                                                                  None if slo_tpot_ms is None else slo_tpot_ms / 1e3)
+               ) / duration_s
+
+
+def _off_by_one_request(requests, duration_s, slo_ttft_ms, slo_tpot_ms):
+    return (goodput(requests, duration_s, slo_ttft_ms, slo_tpot_ms) * duration_s + 1) / duration_s
+
+
+@pytest.mark.parametrize("wrong", [_seconds_vs_ms, _off_by_one_request])
+def test_a_wrong_goodput_without_a_known_mistake_still_gets_a_cause(wrong):
+    with pytest.raises(AssertionError, match="expected goodput") as exc:
+        lab08.check_goodput(wrong, seed=0)
+    msg = str(exc.value)
+    assert "Likely cause" in msg or "a request is good when it has tokens" in msg, msg
+    assert "request throughput" not in msg  # the catalogue's causes stay silent on these
