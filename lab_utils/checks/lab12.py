@@ -36,9 +36,11 @@ def check_parse_sse(fn: Callable[[list[str]], list[dict]], seed: int | None = No
         if not isinstance(got, list):
             raise AssertionError(f"parse_sse must return a list of dicts, got {type(got).__name__}")
         if len(got) != len(expected):
-            hint = ""
             if len(got) > len(expected):
                 hint = " (stop at 'data: [DONE]', skip comments and blank lines)"
+            else:
+                hint = (" (every line that starts with 'data:' before [DONE] is an event, with or without a space "
+                        "after the colon)")
             raise AssertionError(f"trial {trial}: {len(got)} events but the stream has {len(expected)}{hint}\n"
                                  f"stream: {lines}")
         for i, (g, e) in enumerate(zip(got, expected)):
@@ -73,7 +75,12 @@ def check_latencies(fn: Callable[[float, list[float]], tuple[float, list[float]]
                                  f"expected {len(exp_itl)} (one per gap between consecutive chunks)")
         for i, (g, e) in enumerate(zip(itls, exp_itl)):
             if abs(g - e) > 1e-9:
-                raise AssertionError(f"trial {trial}: ITL[{i}] = {g:.4f} s, expected {e:.4f} s")
+                hint = ("an ITL is the gap between consecutive chunks, not the time since sending" if
+                        abs(g - (arrivals[i + 1] - send)) < 1e-9 else
+                        "an ITL is the gap between consecutive chunks, not since the first chunk" if
+                        abs(g - (arrivals[i + 1] - arrivals[0])) < 1e-9 else
+                        f"ITL[i] = arrival[i + 1] - arrival[i]: here {arrivals[i + 1]:.4f} - {arrivals[i]:.4f}")
+                raise AssertionError(f"trial {trial}: ITL[{i}] = {g:.4f} s, expected {e:.4f} s\n   hint: {hint}")
     print("check_latencies passed: TTFT and ITL match on 20 random streams")
 
 

@@ -212,3 +212,15 @@ def test_every_stream_rejection_names_the_part_and_its_file(bad, learner_dir):
         lab12.check_stream_sse(bad)
     assert str(err.value).startswith("server.stream_sse (lab 12, my_engine/server.py): ")
     assert "abort() 1 time" not in str(err.value)  # the finished-request diagnosis stays silent on other mistakes
+
+
+@pytest.mark.parametrize("bad, hint", [
+    (lambda send, a: (a[0] - send, [t - send for t in a[1:]]), "not the time since sending"),
+    (lambda send, a: (a[0] - send, [t - a[0] for t in a[1:]]), "not since the first chunk"),
+])
+def test_latencies_name_the_itl_mistake(bad, hint):
+    with pytest.raises(AssertionError, match="ITL") as err:
+        lab12.check_latencies(bad, seed=3)
+    assert hint in str(err.value)
+    other = "not since the first chunk" if "sending" in hint else "not the time since sending"
+    assert other not in str(err.value)
