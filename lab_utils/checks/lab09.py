@@ -56,7 +56,10 @@ def check_kv_capacity(fn: Callable[..., int], seed: int | None = None) -> None:
                 hint = "return whole tokens (floor)"
         else:
             hint = f"return an int, not {type(got).__name__}"
-        raise AssertionError(f"{args} returned {got!r}, expected {exp}" + (f"\n   hint: {hint}" if hint else ""))
+        hint = hint or ("the KV room is what gpu_memory_utilization of all num_gpus devices leaves after the "
+                        "weights (sharded: paid once in total), in whole tokens of kv_bytes_per_token; 0 when the "
+                        "weights do not fit")
+        raise AssertionError(f"{args} returned {got!r}, expected {exp}\n   hint: {hint}")
     print("✔ check_kv_capacity: KV tokens match on", len(_kv_cases(random.Random(0))), "cases (incl. models that do not fit)")
 
 
@@ -81,8 +84,10 @@ def check_allreduce_time(fn: Callable[[float, int, float], float], seed: int | N
                 hint = "each chunk is 1/n of the data: 2·(n-1)/n·bytes, not 2·(n-1)·bytes"
         elif n == 1 and got != 0:
             hint = "with one device there is nothing to reduce: 0 seconds"
+        hint = hint or ("a ring all-reduce sends 2·(n-1)/n of num_bytes over each device's link (reduce-scatter, "
+                        "then all-gather), at link_bw bytes per second, no latency term")
         raise AssertionError(f"allreduce_time(num_bytes={b:.4g}, n={n}, link_bw={bw:.3g}) returned {got!r}, expected "
-                             f"{exp:.6g}" + (f"\n   hint: {hint}" if hint else ""))
+                             f"{exp:.6g}\n   hint: {hint}")
     print(f"✔ check_allreduce_time: ring all-reduce times match on {len(cases)} cases")
 
 

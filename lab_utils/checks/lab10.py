@@ -33,8 +33,10 @@ def check_roofline_time(fn: Callable[[float, float, float, float, float], float]
                 hint = "add the fixed per-step overhead"
             elif math.isclose(got, min(f / p, b / bw) + oh, rel_tol=1e-9):
                 hint = "the slower of the two limits the step: max, not min"
+        hint = hint or ("the step takes the longer of its compute time (flops / peak_flops) and its memory time "
+                        "(num_bytes / mem_bw), plus overhead_s, in seconds")
         raise AssertionError(f"roofline_time(flops={f:.3g}, bytes={b:.3g}, peak={p:.3g}, bw={bw:.3g}, overhead={oh}) "
-                             f"returned {got!r}, expected {exp:.6g}" + (f"\n   hint: {hint}" if hint else ""))
+                             f"returned {got!r}, expected {exp:.6g}\n   hint: {hint}")
     print(f"✔ check_roofline_time: step times match on {len(cases)} cases")
 
 
@@ -79,7 +81,9 @@ def check_goodput(fn: Callable[..., float], seed: int | None = None) -> None:
             elif math.isclose(got, nan_fail / dur, rel_tol=1e-9):
                 hint = "a one-token request has TPOT = NaN; it cannot miss the TPOT SLO, so it counts if its TTFT is met"
         raise AssertionError(f"trial {trial}: goodput over {len(reqs)} requests (slo_ttft_ms={slo_t}, slo_tpot_ms={slo_p}, "
-                             f"duration {dur:.3f} s) returned {got!r}, expected {exp:.6g}" + (f"\n   hint: {hint}" if hint else ""))
+                             f"duration {dur:.3f} s) returned {got!r}, expected {exp:.6g}\n   hint: "
+                             + (hint or "goodput = requests meeting both SLOs (TTFT and TPOT, in ms; a one-token "
+                                        "request has no TPOT to miss) per second of duration"))
     print("✔ check_goodput: goodput matches bench.metrics on 25 random workloads")
 
 

@@ -223,3 +223,15 @@ def test_row_rejections_name_the_part_its_file_and_a_cause(bad, msg, learner_dir
     text = str(err.value)
     assert text.startswith("tensor_parallel.row_parallel (lab 09, my_engine/tensor_parallel.py): ")
     assert "hint: " in text
+
+
+@pytest.mark.parametrize("bad", [lambda w, kv, mem, n, u: 1, lambda w, kv, mem, n, u: good_kv(w, kv, mem, n, u) * 2])
+def test_kv_capacity_rejections_always_have_a_cause(bad):
+    with pytest.raises(AssertionError, match="hint: "):
+        lab09.check_kv_capacity(bad, seed=0)
+
+
+@pytest.mark.parametrize("bad", [lambda b, n, bw: b / bw, lambda b, n, bw: good_ar(b, n, bw) * 3])
+def test_allreduce_rejections_always_have_a_cause(bad):
+    with pytest.raises(AssertionError, match="hint: "):
+        lab09.check_allreduce_time(bad, seed=0)

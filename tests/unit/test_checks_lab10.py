@@ -295,3 +295,15 @@ def test_meta_rejections_name_the_part_and_its_file(field, learner_dir):
         lab10.check_request_meta(wrong)
     assert str(err.value).startswith("disagg.request_meta (lab 10, my_engine/disagg.py): ")
     assert f"no {field!r}" in str(err.value) and "hint: " in str(err.value)
+
+
+@pytest.mark.parametrize("bad", [lambda f, b, p, bw, oh: f / p * 2 + oh, lambda f, b, p, bw, oh: b / bw])
+def test_roofline_rejections_always_have_a_cause(bad):
+    with pytest.raises(AssertionError, match="hint: "):
+        lab10.check_roofline_time(bad, seed=0)
+
+
+@pytest.mark.parametrize("bad", [lambda *a: good_goodput(*a) * 2, lambda *a: good_goodput(*a) + 0.5])
+def test_goodput_rejections_always_have_a_cause(bad):
+    with pytest.raises(AssertionError, match="hint: "):
+        lab10.check_goodput(bad, seed=0)
