@@ -173,11 +173,13 @@ def device_condition(claim: tuple[str, bool | None], predicted: float, bar: floa
             f"where the prediction is >= {bar * DEVICE_MARGIN:.2f}x): the claim needs {needs}", None)
 
 
-@contextmanager
-def launch_bound_steps(step_s: float) -> Iterator[None]:
-    """Inside: every engine step's forward lasts at least `step_s` from the step's start (the engine sleeps the
-    rest), so a step's cost is flat in its tokens, as on a GPU whose small steps are launch-bound. Tests run a
-    CPU under this profile beside its own to see that no timing claim prints a false PASS or FAIL on either."""
+STEP_FLOOR_ENV = "LAB_STEP_FLOOR_S"  # seconds: the launch-bound profile for a whole process (a notebook's kernel)
+
+
+def install_step_floor(step_s: float) -> Callable[[], None]:
+    """From now on every engine step's forward lasts at least `step_s` from the step's start (the engine sleeps
+    the rest), so a step's cost is flat in its tokens, as on a GPU whose small steps are launch-bound. Returns the
+    function that removes it."""
     import time
 
     from lab_utils.engine.engine import LLMEngine
@@ -193,7 +195,35 @@ def launch_bound_steps(step_s: float) -> Iterator[None]:
             time.sleep(left)
 
     LLMEngine._forward = flat
+
+    def remove() -> None:
+        LLMEngine._forward = forward
+
+    return remove
+
+
+@contextmanager
+def launch_bound_steps(step_s: float) -> Iterator[None]:
+    """Inside: the launch-bound step-cost profile (`install_step_floor`). Tests run a CPU under it beside its own
+    profile to see that no timing claim prints a false PASS or FAIL on either."""
+    remove = install_step_floor(step_s)
     try:
         yield
     finally:
-        LLMEngine._forward = forward
+        remove()
+
+
+def step_floor_from_env() -> float | None:
+    """With LAB_STEP_FLOOR_S set (e.g. 0.05), install that floor for the whole process, so a notebook runs under
+    the launch-bound profile (`lab_utils.checks` calls this on import); the floor, or None where it is unset."""
+    import os
+
+    value = os.environ.get(STEP_FLOOR_ENV, "").strip()
+    if not value:
+        return None
+    try:
+        step_s = float(value)
+    except ValueError:
+        raise ValueError(f"{STEP_FLOOR_ENV}={value!r} is not a number of seconds: set it to e.g. 0.05, or unset it")
+    install_step_floor(step_s)
+    return step_s

@@ -91,18 +91,23 @@ def test_launch_bound_steps_make_a_real_engines_step_cost_flat_and_lab01s_claim_
     from lab_utils.checks.timing import StepCosts, launch_bound_steps
 
     model_tok = load_model("tiny-random", device="cpu")
-    prompts = [[100 + i + j for j in range(4 + i % 5)] for i in range(8)]
-    lens = [2, 9, 3, 12, 2, 5, 14, 3]
+    prompts = [[100 + i + j for j in range(4 + i % 5)] for i in range(6)]
+    lens = [2, 5, 3, 4, 2, 5]
+
+    def run(sched: str) -> list[dict]:
+        eng = LLMEngine(model_tok, EngineConfig(scheduler=sched, max_num_seqs=3, num_gpu_blocks=64), device="cpu")
+        for p, n in zip(prompts, lens):
+            eng.add_request(p, SamplingParams(max_tokens=n, ignore_eos=True))
+        while eng.has_unfinished():
+            eng.step()
+        return eng.step_log
+
+    # the floor: well above what a step costs on this machine now (a loaded CPU's steps are far slower)
+    floor = max(0.05, 4 * max(s["end"] - s["start"] for s in run("static")))
     logs, seconds = {}, {}
-    floor = 0.15  # above what a tiny-random step costs even on a loaded 2-core CPU
     with launch_bound_steps(floor):
         for sched in ("static", "continuous"):
-            eng = LLMEngine(model_tok, EngineConfig(scheduler=sched, max_num_seqs=4, num_gpu_blocks=64), device="cpu")
-            for p, n in zip(prompts, lens):
-                eng.add_request(p, SamplingParams(max_tokens=n, ignore_eos=True))
-            while eng.has_unfinished():
-                eng.step()
-            logs[sched] = eng.step_log
+            logs[sched] = run(sched)
             seconds[sched] = logs[sched][-1]["end"] - logs[sched][0]["start"]
     costs = StepCosts.fit(logs.values())
     assert all(s["end"] - s["start"] >= floor for log in logs.values() for s in log)
@@ -118,3 +123,22 @@ def test_launch_bound_steps_make_a_real_engines_step_cost_flat_and_lab01s_claim_
     with pytest.raises(ValueError, match="must be > 0"):
         with launch_bound_steps(0):
             pass
+
+
+def test_the_step_floor_env_var_puts_a_whole_process_under_the_launch_bound_profile():
+    import os
+    import subprocess
+    import sys
+
+    code = ("import lab_utils.checks\n"
+            "from lab_utils import EngineConfig, LLMEngine, SamplingParams, load_model\n"
+            "eng = LLMEngine(load_model('tiny-random', device='cpu'), EngineConfig(num_gpu_blocks=16), device='cpu')\n"
+            "eng.generate([[5, 6, 7]], SamplingParams(max_tokens=3, ignore_eos=True))\n"
+            "print(min(s['end'] - s['start'] for s in eng.step_log))")
+    env = dict(os.environ, LAB_STEP_FLOOR_S="0.3")
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert float(r.stdout.split()[-1]) >= 0.3
+    r = subprocess.run([sys.executable, "-c", "import lab_utils.checks"], env=dict(env, LAB_STEP_FLOOR_S="fast"),
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode != 0 and "LAB_STEP_FLOOR_S='fast' is not a number of seconds" in r.stderr
