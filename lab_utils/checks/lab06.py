@@ -68,7 +68,9 @@ def check_kd_loss(fn: KDLoss, seed: int | None = None) -> None:
                          if torch.allclose(got.detach().float(), val, rtol=1e-4, atol=1e-5)), "")
             raise AssertionError(
                 f"kd_loss(student [{n}, {v}], teacher [{n}, {v}], T={T}) = {got.item():.6f}, expected {expected.item():.6f}"
-                + (f"\n   it looks like {hint}" if hint else "")
+                + (f"\n   it looks like {hint}" if hint else
+                   "\n   the loss is T^2 times the mean over rows of sum_v p_t(v) (log p_t(v) - log p_s(v)), with p_t, p_s "
+                   "the softmax of teacher / T and student / T over the vocabulary (the last dimension)")
             )
         if not got.requires_grad:
             raise AssertionError("the loss does not depend on the student's logits through autograd (no .detach(), "

@@ -70,3 +70,12 @@ def test_the_underflow_cause_stays_silent_on_other_mistakes(bad):
     with pytest.raises(AssertionError) as err:
         lab06.check_kd_loss(bad, seed=1)
     assert "log of a softmax" not in str(err.value) and "it looks like" in str(err.value)
+
+
+@pytest.mark.parametrize("bad", [
+    lambda s, t, T: good(s.transpose(0, 1), t.transpose(0, 1), T),   # softmax over the rows
+    lambda s, t, T: good(s, t, T) + 0.1,
+])
+def test_an_unrecognised_wrong_loss_still_states_the_rule(bad):
+    with pytest.raises(AssertionError, match="the loss is T\\^2 times the mean over rows"):
+        lab06.check_kd_loss(bad, seed=1)
