@@ -84,8 +84,8 @@ def returning_turn(eng: LLMEngine, first, others, message, gap_steps: int, max_t
     s = eng.stats()
     return {"admit_to_first_token_s": ttft, "tokens": req.output_token_ids, "cached_tokens": req.num_cached_tokens,
             "prompt_tokens": len(again), "host_hits": s["host_tier_hits"], "prefetched_hits": s["host_tier_prefetch_hits"],
-            "disk_hits": s["disk_tier_hits"], "disk_read_s": s["disk_tier_read_seconds"],
-            "disk_bytes_read": s["disk_tier_bytes_read"], "prefetch_wait_s": s["host_tier_prefetch_wait_seconds"]}
+            "disk_hits": s["disk_tier_hits"], "disk_read_s": s["disk_tier_seconds_in"],
+            "disk_bytes_read": s["disk_tier_bytes_in"], "prefetch_wait_s": s["host_tier_prefetch_wait_seconds"]}
 
 
 def main() -> None:

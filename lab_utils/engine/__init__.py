@@ -9,8 +9,9 @@ The teaching core, one idea a file:
 - `kv/`: the KV hierarchy, its map in `kv/__init__.py`: `paging.py` (the block pool and its reference counts,
   the slot of a token, KV bytes per token: lab 02), `prefix_cache.py` (the hash chain: lab 04),
   `block_manager.py` (the two together, and admission), `kv_cache.py` (where K/V live), `kv_budget.py` (how big
-  the pool is), `host_tier.py` and `disk_tier.py` (the tiers under the device pool), `block_copies.py`,
-  `memory.py` (KV accounting for the labs' figures);
+  the pool is), `tier.py` (the `Tier` seam under the pool: what the prefix cache asks of any tier, the one walk
+  that names a prompt's blocks), `host_tier.py` and `disk_tier.py` (the tiers under the device pool),
+  `block_copies.py`, `memory.py` (KV accounting for the labs' figures);
 - `attention.py` (paged attention and the slot mapping), `model_runner.py` (a step as one forward pass),
   `sampler.py` (sampling and the logit processors), `logprobs.py` (token and prompt logprobs), `engine.py`
   (LLMEngine);

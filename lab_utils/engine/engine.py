@@ -19,9 +19,8 @@ from lab_utils.engine.kv.block_manager import BlockManager
 from lab_utils.engine.config import EngineConfig
 from lab_utils.engine.features import STATS_WHEN_OFF, build_hooks
 from lab_utils.engine.hooks import StepBatch
-from lab_utils.engine.kv.block_copies import BlockCopies
-from lab_utils.engine.kv.disk_tier import DiskTier
-from lab_utils.engine.kv.host_tier import POLICIES, STATS_WHEN_OFF as HOST_TIER_STATS_WHEN_OFF, HostTier
+from lab_utils.engine.kv.host_tier import host_tier_for
+from lab_utils.engine.kv.tier import STATS_WHEN_OFF as TIER_STATS_WHEN_OFF, attach_tier, prefetch_prompt
 from lab_utils.engine.accel import FastPaths, fast_linears, warmup_shapes
 from lab_utils.engine.kv.kv_cache import KVCache, fp8_decode, fp8_encode, storage_dtype
 from lab_utils.engine.model_runner import ModelRunner
@@ -96,10 +95,11 @@ class LLMEngine:
                                 mc.head_dim, model.dtype, store, self.device,
                                 fp8_codec=(self.parts.function("kv_cache.fp8_encode", fp8_encode),
                                            self.parts.function("kv_cache.fp8_decode", fp8_decode)))  # lab 05
-        self.block_copies: BlockCopies | None = None  # the host tier's copies (`_host_tier`)
         self.block_manager = self.parts.subclass(BlockManager, "block_manager")(
-            self.num_blocks, self.block_size, config.enable_prefix_caching and not contiguous, config.watermark,
-            self._host_tier())
+            self.num_blocks, self.block_size, config.enable_prefix_caching and not contiguous, config.watermark)
+        tier = host_tier_for(config, self.kv_cache)  # None without kv_offload_bytes
+        if tier is not None:
+            attach_tier(self.block_manager, tier, self.parts, "kv_offload_bytes (the host KV tier)")
         # the swap hooks hold the KV cache, not the engine: bound methods would make engine -> scheduler -> engine
         # a reference cycle, and an engine in a cycle (KV pool included) outlives `del engine` until a full gc
         self.scheduler = self.parts.subclass(Scheduler, "scheduler")(
@@ -122,42 +122,6 @@ class LLMEngine:
         # a long-running server turns this off: no step_log, and ended requests are forgotten once reported
         self.keep_history = True
         self.closed = False
-
-    def _host_tier(self) -> HostTier | None:
-        """The host-memory tier under the prefix cache (`config.kv_offload_bytes`), or None. It works inside the
-        engine's own `match_prefix` and `evict`, so a learner's version of either cannot run with it."""
-        if not self.config.kv_offload_bytes:
-            return None
-        learners = [n for n in ("block_manager.match_prefix", "block_manager.evict") if self.parts.is_learners(n)]
-        if learners:
-            raise ValueError(f"kv_offload_bytes (the host KV tier) runs inside the engine's own match_prefix and "
-                             f"evict; this engine runs the learner's {', '.join(learners)}: set kv_offload_bytes="
-                             f"None, or run without those parts")
-        # one block at a time (pinned memory and a side stream on CUDA); no reference back to the engine
-        self.block_copies = copies = BlockCopies(self.kv_cache)
-        cfg = self.config
-        disk = DiskTier(cfg.kv_offload_disk_bytes, cfg.kv_offload_disk_path) if cfg.kv_offload_disk_bytes else None
-        return HostTier(cfg.kv_offload_bytes, copies.copy_out, copies.copy_in, POLICIES[cfg.kv_offload_policy](),
-                        disk=disk, pin=copies.pin if copies.cuda else None)
-
-    def _prefetch(self, req: Request) -> None:
-        """Start reading the disk tier's blocks of this prompt's prefix into the host tier (a background
-        thread), so that they are host hits by the time the request is admitted."""
-        bm = self.block_manager
-        tier = bm.host_tier
-        if (not isinstance(tier, HostTier) or tier.disk is None or not len(tier.disk)
-                or not self.config.kv_offload_prefetch or req.params.prompt_logprobs is not None):
-            return
-        blocks, parent, bs = [], None, bm.block_size
-        for i in range((req.num_prompt_tokens - 1) // bs):  # the blocks `match_prefix` would walk
-            ids = tuple(req.prompt_token_ids[i * bs:(i + 1) * bs])
-            parent = bm.hash_block(parent, ids)
-            if parent in bm.hash_to_block:
-                continue
-            if not tier.holds(parent, ids):  # the walk stops here: no later block can be a hit
-                break
-            blocks.append((parent, ids))
-        tier.prefetch(blocks, req.request_id)
 
     # -- sizing -----------------------------------------------------------------------------------
     def _num_blocks(self) -> int:
@@ -222,7 +186,8 @@ class LLMEngine:
         else:
             self.hooks.add(rid, states)
             self.scheduler.add(req)
-            self._prefetch(req)
+            if self.config.kv_offload_prefetch:
+                prefetch_prompt(self.block_manager, req)  # e.g. its blocks on disk, read ahead on a thread
         return rid
 
     @property
@@ -273,8 +238,8 @@ class LLMEngine:
         req.metrics.finish_time = now()
         self.num_aborted += 1
         self.hooks.release(request_id)
-        if isinstance(self.block_manager.host_tier, HostTier):
-            self.block_manager.host_tier.release(request_id)  # what was prefetched for it
+        if self.block_manager.host_tier is not None:
+            self.block_manager.host_tier.release(request_id)  # what was read ahead for it
         self._pending_outputs.append(self._output(req, finished=True))
         return True
 
@@ -501,11 +466,8 @@ class LLMEngine:
         holds the engine. A closed engine refuses new work with a clear error."""
         self.closed = True
         self.runner.graphs = None
-        tier = self.block_manager.host_tier
-        if isinstance(tier, HostTier):
-            tier.close()  # prefetches finished, entries dropped, the disk tier's files removed
-        elif tier is not None:
-            tier.entries.clear()
+        if self.block_manager.host_tier is not None:
+            self.block_manager.host_tier.close()  # read-aheads finished, entries dropped, a disk tier's files removed
         empty = torch.empty(0, device=self.device)
         for name in ("k", "v", "k_scale", "v_scale"):
             if hasattr(self.kv_cache, name):
@@ -570,7 +532,7 @@ class LLMEngine:
             "num_rejected": self.num_rejected,
             "num_steps": self.num_steps,
             **STATS_WHEN_OFF, **self.hooks.stats(),
-            **HOST_TIER_STATS_WHEN_OFF, **(bm.host_tier.stats() if bm.host_tier is not None else {}),
+            **TIER_STATS_WHEN_OFF, **(bm.host_tier.stats() if bm.host_tier is not None else {}),
         }
 
 

@@ -1,8 +1,9 @@
 """The shared store under an engine's prefix cache, where the host tier would sit.
 
 The engine's prefix walk (`prefix_cache.match_prefix`) asks its tier for a block the device misses
-(`holds`, `take`, `restore`), and its eviction hands the tier a block it is about to reuse (`offload`).
-`StoreTier` answers those from the store process, so a block that one engine computed is found by another.
+(`holds`, `take`, `restore`), and its eviction hands the tier a block it is about to reuse (`offload`): the
+`lab_utils.engine.kv.tier.Tier` protocol. `StoreTier` answers those from the store process, so a block that one
+engine computed is found by another.
 
 Names: the engine names a block with Python's `hash` chained from `None`; `hash(None)` differs from one
 process to the next up to CPython 3.11 (a constant from 3.12), and Python's `hash` is no cross-process contract,
@@ -18,13 +19,15 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import time
 from collections import OrderedDict
-from typing import Hashable
+from typing import Hashable, Iterable
 
 import torch
 
 from lab_utils.engine.hooks import StepHook
-from lab_utils.engine.kv.host_tier import Saved
+from lab_utils.engine.kv.kv_cache import KVCache
+from lab_utils.engine.kv.tier import Saved, attach_tier, prompt_block_names, tier_stats
 from lab_utils.kvstore.store import KVStoreClient, Payload
 
 
@@ -52,15 +55,27 @@ def decode(payload: Payload) -> Saved:
 
 
 class StoreTier:
-    """The host tier's interface over a `KVStoreClient` (shared, not exclusive: a block taken stays in the store
-    for the next engine). `copy_out` / `copy_in` move one block between the device cache and host tensors."""
+    """A `Tier` over a `KVStoreClient` (shared, not exclusive: a block taken stays in the store for the next
+    engine). `copy_out` / `copy_in` move one block between the device cache and host tensors."""
+
+    kind = "store"
+    # inside the engine's own prefix walk and eviction, and its names come from the engine's hash_block: a
+    # learner's chain that names two prefixes alike would hand another engine's block to the wrong prompt
+    excluded_parts = ("block_manager.match_prefix", "block_manager.evict", "block_manager.hash_block")
 
     def __init__(self, client: KVStoreClient, copy_out, copy_in, max_names: int = 1 << 16) -> None:
         self.client, self.copy_out, self.copy_in = client, copy_out, copy_in
         self.names: OrderedDict[Hashable, bytes] = OrderedDict()  # engine's name -> stable name (newest last)
         self.max_names = max_names
-        self.entries: dict = {}  # the engine's close() clears a host tier's entries; the store's stay
         self.hits = self.blocks_in = self.bytes_in = self.blocks_out = self.bytes_out = 0
+        self.seconds_in = self.seconds_out = 0.0  # round trips and (de)coding, on the engine's thread
+
+    @classmethod
+    def for_cache(cls, client: KVStoreClient, kv_cache: KVCache) -> "StoreTier":
+        """A tier over `kv_cache`'s blocks (copied one at a time to and from host tensors)."""
+        from lab_utils.engine.engine import copy_block_in, copy_block_out
+
+        return cls(client, functools.partial(copy_block_out, kv_cache), functools.partial(copy_block_in, kv_cache))
 
     def learn(self, engine_names: list[Hashable], stable: list[bytes]) -> None:
         for name, key in zip(engine_names, stable):
@@ -75,10 +90,12 @@ class StoreTier:
 
     def take(self, name: Hashable, token_ids: tuple[int, ...]) -> Saved | None:
         key = self.names.get(name)
+        t0 = time.perf_counter()
         payload = None if key is None else self.client.get(key, token_ids)
         if payload is None:
             return None
         saved = decode(payload)
+        self.seconds_in += time.perf_counter() - t0
         self.hits += 1
         self.blocks_in += 1
         self.bytes_in += sum(t.nbytes for t in saved.values())
@@ -91,8 +108,10 @@ class StoreTier:
         """Publish device block `block_id` under `key` unless the store already holds it."""
         if self.client.has(key, token_ids):
             return False
+        t0 = time.perf_counter()
         payload = encode(self.copy_out(block_id))
         stored = self.client.put(key, token_ids, payload)
+        self.seconds_out += time.perf_counter() - t0
         if stored:
             self.blocks_out += 1
             self.bytes_out += sum(len(raw) for _, _, raw in payload.values())
@@ -104,13 +123,27 @@ class StoreTier:
         if key is not None:
             self.put(block_id, key, token_ids)
 
-    def stats(self) -> dict:
-        s = self.client.stats
-        return {"host_tier_hits": self.hits, "host_tier_blocks_out": self.blocks_out,
-                "host_tier_bytes_out": self.bytes_out, "host_tier_blocks_in": self.blocks_in,
-                "host_tier_bytes_in": self.bytes_in, "host_tier_entries": 0, "host_tier_bytes": 0,
-                "host_tier_capacity_bytes": 0, "host_tier_dropped": 0,
-                "kv_store_calls": s.calls, "kv_store_seconds": s.seconds}
+    def prefetch(self, blocks: Iterable[tuple[Hashable, tuple[int, ...]]], owner: Hashable) -> int:
+        """Nothing read ahead: a lookup asks the store process when it comes."""
+        return 0
+
+    def release(self, owner: Hashable) -> None:
+        """Nothing is held for a request."""
+
+    def books(self) -> str:
+        """'': the store keeps its books in its own process (`KVStoreProcess`)."""
+        return ""
+
+    def close(self) -> None:
+        """Forget the names learned; the store's blocks stay for the other engines."""
+        self.names.clear()
+
+    def stats(self) -> dict[str, float]:
+        # entries, bytes, capacity and drops are the store process's, not this engine's: 0 here
+        return tier_stats("store", hits=self.hits, blocks_in=self.blocks_in, bytes_in=self.bytes_in,
+                          seconds_in=self.seconds_in, blocks_out=self.blocks_out, bytes_out=self.bytes_out,
+                          seconds_out=self.seconds_out, entries=0, bytes=0, capacity_bytes=0, dropped=0,
+                          extra={"calls": self.client.stats.calls})
 
 
 class _PromptNames(StepHook):
@@ -123,10 +156,7 @@ class _PromptNames(StepHook):
         req = self.engine.requests[request_id]
         bm = self.engine.block_manager
         ids, bs = list(req.prompt_token_ids), bm.block_size
-        engine_names, parent = [], None
-        for start in range(0, len(ids) - bs + 1, bs):
-            parent = bm.hash_block(parent, tuple(ids[start:start + bs]))
-            engine_names.append(parent)
+        engine_names = [name for name, _ in prompt_block_names(bm.hash_block, ids, bs)]
         self.tier.learn(engine_names, stable_names(ids, bs))
 
 
@@ -157,20 +187,10 @@ def publish(engine, req, tier: StoreTier | None = None) -> int:
 def attach(engine, client: KVStoreClient, publish: bool = False) -> StoreTier:
     """Put the store under `engine`'s prefix cache (instead of a host tier); with `publish`, the engine also
     writes every prompt's full blocks to the store when its prefill ends. Needs the engine's own prefix cache."""
-    from lab_utils.engine.engine import copy_block_in, copy_block_out
-
-    if not engine.config.enable_prefix_caching:
-        raise ValueError("the KV store sits under the prefix cache: build the engine with enable_prefix_caching=True")
-    learners = [n for n in ("block_manager.match_prefix", "block_manager.evict", "block_manager.hash_block")
-                if engine.parts.is_learners(n)]
-    if learners:
-        raise ValueError(f"the KV store works inside the engine's own prefix cache; this engine runs the learner's "
-                         f"{', '.join(learners)}: attach the store to an engine without those parts")
-    if engine.block_manager.host_tier is not None and not isinstance(engine.block_manager.host_tier, StoreTier):
-        raise ValueError("this engine has a host tier (kv_offload_bytes): use one or the store, not both")
-    tier = StoreTier(client, functools.partial(copy_block_out, engine.kv_cache),
-                     functools.partial(copy_block_in, engine.kv_cache))
-    engine.block_manager.host_tier = tier
+    if isinstance(engine.block_manager.host_tier, StoreTier):
+        detach(engine)  # a store attached again replaces the one before
+    tier = attach_tier(engine.block_manager, StoreTier.for_cache(client, engine.kv_cache), engine.parts,
+                       "the KV store (lab_utils.kvstore.attach)")
     engine.hooks.append(_PromptNames(engine, tier))
     if publish:
         engine.hooks.append(_PublishOnPrefill(engine, tier))

@@ -122,7 +122,7 @@ def test_an_engine_skips_the_prefill_another_engine_published(engines):
                                     cfg.hidden_size // cfg.num_attention_heads, torch.float32)
         assert tier_w.bytes_out == n_full * 16 * per_token  # the blocks' K/V, every layer, nothing else
         assert tier_r.blocks_in == n_full and tier_r.bytes_in == tier_w.bytes_out
-        assert reader.stats()["host_tier_hits"] == n_full
+        assert reader.stats()["store_tier_hits"] == n_full
         bm = reader.block_manager
         assert bm.num_free_blocks == bm.num_blocks  # nothing leaked (cached blocks count as free)
         writer.generate([PROMPT], params)

@@ -4,9 +4,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from lab_utils.engine.kv.block_manager import BlockManager
 from lab_utils.engine.kv.kv_cache import KVCache
-from lab_utils.engine.kv.paging import KV_CACHE_DTYPES, BlockPool, bytes_per_token, slot
-from lab_utils.engine.kv.prefix_cache import NoPrefixCache
+from lab_utils.engine.kv.paging import KV_CACHE_DTYPES, bytes_per_token, slot
 from lab_utils.engine.request import Request
 from lab_utils.engine.sampling_params import SamplingParams
 from lab_utils.quant.kv import kv_bytes_per_token
@@ -38,7 +38,7 @@ def test_smollm2_kv_bytes_one_count_for_engine_and_quant_lab():
 
 
 def test_a_pool_without_prefix_cache_frees_released_blocks_at_once():
-    pool = type("Pool", (NoPrefixCache, BlockPool), {})(4, 2)
+    pool = BlockManager(4, 2, enable_prefix_caching=False, watermark=0.0)
     req = Request("a", None, [1, 2, 3, 4, 5], SamplingParams(max_tokens=1), 0.0)
     assert pool.match_prefix(req) == [] and pool.grow(req, 5) and req.block_table == [0, 1, 2]
     pool.commit_full_blocks(req)

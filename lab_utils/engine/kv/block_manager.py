@@ -7,15 +7,15 @@ it (`admit`: attach its cached prefix blocks), and grow or free a request's bloc
 """
 from __future__ import annotations
 
-from lab_utils.engine.kv.host_tier import HostTier
 from lab_utils.engine.kv.paging import BlockPool
 from lab_utils.engine.kv.prefix_cache import HashChainPrefixCache
+from lab_utils.engine.kv.tier import Tier
 from lab_utils.engine.request import Request, Status
 
 
 class BlockManager(HashChainPrefixCache, BlockPool):
     def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True,
-                 watermark: float = 0.01, host_tier: HostTier | None = None) -> None:
+                 watermark: float = 0.01, host_tier: Tier | None = None) -> None:
         super().__init__(num_blocks, block_size)
         self.enable_prefix_caching = enable_prefix_caching
         self.host_tier = host_tier  # evicted named blocks go there, and come back from there (None: gone)
@@ -40,7 +40,7 @@ class BlockManager(HashChainPrefixCache, BlockPool):
         if req.block_table:
             return 0
         hits = self.match_prefix(req)
-        if getattr(self.host_tier, "reserved", None):  # blocks prefetched for it (host_tier.py) are ordinary now
+        if self.host_tier is not None:  # what the tier read ahead for it is ordinary now
             self.host_tier.release(req.request_id)
         self.prefix_queries += req.num_prompt_tokens
         for bid in hits:

@@ -28,7 +28,8 @@ from typing import Hashable
 
 import torch
 
-Saved = dict[str, torch.Tensor]  # one block's K/V as `KVCache.copy_out` returns it
+from lab_utils.engine.kv.tier import Saved, tier_stats
+
 ALIGN = 64  # each tensor of a slot starts at a multiple of this: any dtype can view its bytes
 
 
@@ -201,21 +202,13 @@ class DiskTier:
         self.entries.clear()
         self._cleanup()
 
-    def stats(self) -> dict:
-        return {"disk_tier_hits": self.hits, "disk_tier_blocks_out": self.blocks_out,
-                "disk_tier_bytes_written": self.bytes_written, "disk_tier_blocks_in": self.blocks_in,
-                "disk_tier_bytes_read": self.bytes_read, "disk_tier_entries": len(self.entries),
-                "disk_tier_bytes": self.bytes_used, "disk_tier_capacity_bytes": self.capacity_bytes,
-                "disk_tier_dropped": self.dropped, "disk_tier_write_seconds": self.write_seconds,
-                "disk_tier_read_seconds": self.read_seconds}
+    def stats(self) -> dict[str, float]:
+        return tier_stats("disk", hits=self.hits, blocks_in=self.blocks_in, bytes_in=self.bytes_read,
+                          seconds_in=self.read_seconds, blocks_out=self.blocks_out, bytes_out=self.bytes_written,
+                          seconds_out=self.write_seconds, entries=len(self.entries), bytes=self.bytes_used,
+                          capacity_bytes=self.capacity_bytes, dropped=self.dropped)
 
 
 def _remove_files(fd: int, directory: str) -> None:
     os.close(fd)
     shutil.rmtree(directory, ignore_errors=True)
-
-
-STATS_WHEN_OFF = {"disk_tier_hits": 0, "disk_tier_blocks_out": 0, "disk_tier_bytes_written": 0,
-                  "disk_tier_blocks_in": 0, "disk_tier_bytes_read": 0, "disk_tier_entries": 0, "disk_tier_bytes": 0,
-                  "disk_tier_capacity_bytes": 0, "disk_tier_dropped": 0, "disk_tier_write_seconds": 0.0,
-                  "disk_tier_read_seconds": 0.0}

@@ -33,9 +33,10 @@ from typing import Callable, Hashable, Iterable
 
 import torch
 
-from lab_utils.engine.kv.disk_tier import STATS_WHEN_OFF as DISK_STATS_WHEN_OFF, DiskTier
-
-Saved = dict[str, torch.Tensor]  # one block's K/V as `KVCache.copy_out` returns it
+from lab_utils.engine.kv.block_copies import BlockCopies
+from lab_utils.engine.kv.disk_tier import DiskTier
+from lab_utils.engine.kv.kv_cache import KVCache
+from lab_utils.engine.kv.tier import STATS_WHEN_OFF, Saved, tier_stats
 
 
 class EvictionPolicy:
@@ -50,6 +51,10 @@ class EvictionPolicy:
 
     def victim(self) -> Hashable:
         """The entry to drop next (the tier then calls `removed` for it)."""
+        raise NotImplementedError
+
+    def tracked(self) -> set[Hashable]:
+        """The names it may choose from: exactly the tier's unreserved entries while the books are right."""
         raise NotImplementedError
 
 
@@ -69,6 +74,9 @@ class LRUPolicy(EvictionPolicy):
 
     def victim(self) -> Hashable:
         return next(iter(self.order))
+
+    def tracked(self) -> set[Hashable]:
+        return set(self.order)
 
 
 class TwoQueuePolicy(EvictionPolicy):
@@ -98,6 +106,9 @@ class TwoQueuePolicy(EvictionPolicy):
     def victim(self) -> Hashable:
         return next(iter(self.probation or self.protected))
 
+    def tracked(self) -> set[Hashable]:
+        return set(self.probation) | set(self.protected)
+
 
 # `EngineConfig.kv_offload_policy` -> the host tier's eviction policy
 POLICIES: dict[str, Callable[[], EvictionPolicy]] = {"lru": LRUPolicy, "2q": TwoQueuePolicy}
@@ -113,12 +124,27 @@ class Entry:
 
 
 class HostTier:
-    """Blocks the device pool evicted, by name, within `capacity_bytes` of host memory.
+    """Blocks the device pool evicted, by name, within `capacity_bytes` of host memory (a `tier.Tier`).
 
     `copy_out(block_id) -> Saved` and `copy_in(block_id, saved)` move one block's K/V between the device cache and
-    host tensors (the engine passes `block_copies.BlockCopies`' methods, bound to its cache). `disk`: the tier
-    that receives the entries this one drops (None: they are gone). `pin`: a function applied to blocks read
+    host tensors (`for_cache` passes `block_copies.BlockCopies`' methods, bound to the engine's cache). `disk`: the
+    tier that receives the entries this one drops (None: they are gone). `pin`: a function applied to blocks read
     from disk by a prefetch (on CUDA, `Tensor.pin_memory`, so that their copy to the device is asynchronous)."""
+
+    kind = "host"
+    # it runs inside the engine's own prefix walk and eviction: a learner's match_prefix or evict never calls it
+    excluded_parts = ("block_manager.match_prefix", "block_manager.evict")
+
+    @classmethod
+    def for_cache(cls, kv_cache: KVCache, capacity_bytes: int, policy: EvictionPolicy | None = None,
+                  disk: DiskTier | None = None) -> "HostTier":
+        """A tier over `kv_cache`'s blocks (pinned memory and a side stream for copies back on CUDA);
+        `block_copies` is the copier, whose counters a test or a benchmark may read."""
+        copies = BlockCopies(kv_cache)
+        tier = cls(capacity_bytes, copies.copy_out, copies.copy_in, policy, disk=disk,
+                   pin=copies.pin if copies.cuda else None)
+        tier.block_copies = copies
+        return tier
 
     def __init__(self, capacity_bytes: int, copy_out: Callable[[int], Saved], copy_in: Callable[[int, Saved], None],
                  policy: EvictionPolicy | None = None, disk: DiskTier | None = None,
@@ -129,11 +155,13 @@ class HostTier:
         self.copy_out, self.copy_in = copy_out, copy_in
         self.policy = policy if policy is not None else LRUPolicy()
         self.disk, self.pin = disk, pin
+        self.block_copies: BlockCopies | None = None  # the copier, when built by `for_cache`
         self.entries: dict[Hashable, Entry] = {}
         self.bytes_used = 0
         # counters, in blocks and bytes: out = device -> host, in = host -> device
         self.hits = self.blocks_out = self.bytes_out = self.blocks_in = self.bytes_in = 0
         self.dropped = 0  # entries dropped to make room (to the disk tier, if there is one)
+        self.seconds_out = self.seconds_in = 0.0  # the engine thread's time in copies out and in (issuing them)
         self.peak_bytes = 0
         # the prefetch: blocks read up from disk ahead of their lookup, hits on them, seconds lookups waited
         self.prefetched = self.prefetch_hits = 0
@@ -161,7 +189,9 @@ class HostTier:
         self._remove(name)
         if self.disk is not None:
             self.disk._remove(name)  # one name, one place
+        t0 = time.perf_counter()
         saved = self.copy_out(block_id)
+        self.seconds_out += time.perf_counter() - t0
         nbytes = sum(t.nbytes for t in saved.values())
         if nbytes > self.capacity_bytes:
             if self.disk is not None:
@@ -236,7 +266,7 @@ class HostTier:
         `(name, token_ids)` in order) into this tier, as far as they fit in it, reserved for `owner` (a request
         id) until `release(owner)`; returns how many. Called on the engine's thread when a request is added; the
         thread only reads (each block's slot is claimed first)."""
-        if self.disk is None:
+        if self.disk is None or not len(self.disk):
             return 0
         reserved_bytes, started = sum(self.entries[n].nbytes for n in self._reserved), 0
         for name, ids in blocks:
@@ -290,6 +320,10 @@ class HostTier:
             return f"host tier: {self.bytes_used} bytes counted, {held} held, capacity {self.capacity_bytes}"
         if self._reserved:
             return f"host tier: {len(self._reserved)} prefetched entries still reserved for requests {list(self.reserved)}"
+        tracked = self.policy.tracked()
+        if tracked != set(self.entries) - set(self._reserved):
+            return f"host tier: its policy tracks {len(tracked)} names, the tier holds {len(self.entries)} " \
+                   f"({len(self._reserved)} reserved)"
         if self.disk is not None:
             if set(self.disk.entries) & set(self.entries):
                 return "a name is held by both the host tier and the disk tier"
@@ -310,7 +344,9 @@ class HostTier:
 
     def restore(self, block_id: int, saved: Saved) -> None:
         """Copy a block taken from the tier into device block `block_id`."""
+        t0 = time.perf_counter()
         self.copy_in(block_id, saved)
+        self.seconds_in += time.perf_counter() - t0
 
     def _remove(self, name: Hashable, hit: bool = False) -> None:
         e = self.entries.pop(name, None)
@@ -324,16 +360,22 @@ class HostTier:
         else:
             self.policy.removed(name, hit)
 
-    def stats(self) -> dict:
-        return {"host_tier_hits": self.hits, "host_tier_blocks_out": self.blocks_out,
-                "host_tier_bytes_out": self.bytes_out, "host_tier_blocks_in": self.blocks_in,
-                "host_tier_bytes_in": self.bytes_in, "host_tier_entries": len(self.entries),
-                "host_tier_bytes": self.bytes_used, "host_tier_capacity_bytes": self.capacity_bytes,
-                "host_tier_dropped": self.dropped, "host_tier_prefetched": self.prefetched,
-                "host_tier_prefetch_hits": self.prefetch_hits,
-                "host_tier_prefetch_wait_seconds": self.prefetch_wait_seconds,
-                **(self.disk.stats() if self.disk is not None else DISK_STATS_WHEN_OFF)}
+    def stats(self) -> dict[str, float]:
+        return {**tier_stats("host", hits=self.hits, blocks_in=self.blocks_in, bytes_in=self.bytes_in,
+                             seconds_in=self.seconds_in, blocks_out=self.blocks_out, bytes_out=self.bytes_out,
+                             seconds_out=self.seconds_out, entries=len(self.entries), bytes=self.bytes_used,
+                             capacity_bytes=self.capacity_bytes, dropped=self.dropped,
+                             extra={"prefetched": self.prefetched, "prefetch_hits": self.prefetch_hits,
+                                    "prefetch_wait_seconds": self.prefetch_wait_seconds}),
+                **(self.disk.stats() if self.disk is not None else
+                   {k: v for k, v in STATS_WHEN_OFF.items() if k.startswith("disk_tier_")})}
 
 
-# the host-tier stats of an engine without the tier (every engine reports them)
-STATS_WHEN_OFF = {k: 0 for k in HostTier(0, None, None).stats()}  # type: ignore[arg-type]
+def host_tier_for(config, kv_cache: KVCache) -> HostTier | None:
+    """The host tier an `EngineConfig` asks for (`kv_offload_bytes`, `kv_offload_policy`, a disk tier of
+    `kv_offload_disk_bytes` under `kv_offload_disk_path`), over `kv_cache`'s blocks; None when it asks for none."""
+    if not config.kv_offload_bytes:
+        return None
+    disk = (DiskTier(config.kv_offload_disk_bytes, config.kv_offload_disk_path)
+            if config.kv_offload_disk_bytes else None)
+    return HostTier.for_cache(kv_cache, config.kv_offload_bytes, POLICIES[config.kv_offload_policy](), disk)

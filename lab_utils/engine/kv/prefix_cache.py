@@ -7,14 +7,16 @@ prefix: it waits in an LRU list (`evictable`) and is reused on a hit, or evicted
 needs a fresh block.
 
 `PrefixCache` is what the block manager asks of a cache; `HashChainPrefixCache` is the engine's (vLLM's
-automatic prefix caching) and `NoPrefixCache` the one that caches nothing. They are mixins of the block
-manager: their state is the block manager's (`blocks`, `free_ids`, `evictable`, `hash_to_block`, and
-`host_tier`: None, or the host-memory tier under the cache, `host_tier.py`), which is also what a learner's
-`match_prefix(self, req)` reads and writes.
+automatic prefix caching; with `enable_prefix_caching` off it finds and names nothing). It is a mixin of the
+block manager: its state is the block manager's (`blocks`, `free_ids`, `evictable`, `hash_to_block`, and
+`host_tier`: None, or the `tier.Tier` under the cache), which is also what a learner's `match_prefix(self, req)`
+reads and writes.
 """
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
+
+from lab_utils.engine.kv.tier import prompt_block_names
 
 if TYPE_CHECKING:
     from lab_utils.engine.request import Request
@@ -53,32 +55,9 @@ class PrefixCache:
         return self.prefix_hits / self.prefix_queries if self.prefix_queries else 0.0
 
 
-class NoPrefixCache(PrefixCache):
-    """No prefix cache: nothing is found or named, and a released block is free at once."""
-
-    def match_prefix(self, req: Request) -> list[int]:
-        return []
-
-    def commit_full_blocks(self, req: Request) -> None:
-        return None
-
-    def recycle(self, bid: int) -> None:
-        self.free_ids.append(bid)
-
-    def evict(self) -> int:
-        raise RuntimeError("no prefix cache: there is no cached block to evict")
-
-    @property
-    def num_cached_blocks(self) -> int:
-        return 0
-
-    def hit_rate(self) -> float:
-        return 0.0
-
-
 class HashChainPrefixCache(PrefixCache):
     """Blocks named by chained hashes (`hash_to_block`: name -> block), unreferenced ones kept in LRU order.
-    With `enable_prefix_caching` off it finds and names nothing (as `NoPrefixCache`)."""
+    With `enable_prefix_caching` off it finds and names nothing: a released block is free at once."""
 
     def hash_block(self, parent_hash: int | None, token_ids: tuple[int, ...]) -> int:
         """A full block's name: its parent's name and its own token ids, so equal names mean equal prefixes."""
@@ -89,13 +68,12 @@ class HashChainPrefixCache(PrefixCache):
         always left to compute, because the step that computes it produces the logits we sample from."""
         if not self.enable_prefix_caching or req.params.prompt_logprobs is not None:
             return []  # a request that wants its prompt's logprobs computes every prompt position
-        hits, parent = [], None
-        for i in range((req.num_prompt_tokens - 1) // self.block_size):
-            ids = tuple(req.prompt_token_ids[i * self.block_size:(i + 1) * self.block_size])
-            parent = self.hash_block(parent, ids)
-            bid = self.hash_to_block.get(parent)
+        hits = []
+        for name, ids in prompt_block_names(self.hash_block, req.prompt_token_ids, self.block_size,
+                                            (req.num_prompt_tokens - 1) // self.block_size):
+            bid = self.hash_to_block.get(name)
             if bid is None:
-                bid = self.promote(parent, ids, hits)  # from the host tier, if it holds the block
+                bid = self.promote(name, ids, hits)  # from the tier under the cache, if it holds the block
             if bid is None or self.blocks[bid].token_ids != ids:  # a collision is a miss, never a wrong hit
                 break
             hits.append(bid)
@@ -105,7 +83,7 @@ class HashChainPrefixCache(PrefixCache):
         """The device misses block `name` but the host tier holds it: copy it into a device block, named and
         cached (unreferenced, newest in LRU order) as if it had never left; returns that block, or None (no
         tier, the tier misses, or no device block to spare without evicting one of `hits`)."""
-        tier = getattr(self, "host_tier", None)
+        tier = self.host_tier
         if tier is None or not tier.holds(name, ids):
             return None
         if not self.free_ids:  # the new block evicts a cached one: never one of this prefix's blocks
@@ -138,7 +116,7 @@ class HashChainPrefixCache(PrefixCache):
         blk = self.blocks[bid]
         if self.hash_to_block.get(blk.hash) == bid:
             del self.hash_to_block[blk.hash]
-            if getattr(self, "host_tier", None) is not None:  # its K/V is still intact: keep a host copy
+            if self.host_tier is not None:  # its K/V is still intact: the tier keeps it
                 self.host_tier.offload(bid, blk.hash, blk.token_ids)
         blk.hash, blk.token_ids = None, ()
         return bid
