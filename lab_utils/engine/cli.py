@@ -9,7 +9,8 @@ import argparse
 import json
 import math
 
-from lab_utils.engine.config import KV_CACHE_DTYPES, KV_OFFLOAD_POLICIES, PREEMPTION_MODES, SCHEDULERS, EngineConfig
+from lab_utils.engine.config import (KV_CACHE_DTYPES, KV_OFFLOAD_POLICIES, PREEMPTION_MODES, SCHEDULERS, EngineConfig,
+                                     attention_backend_names)
 
 DTYPES = {"auto": None, "float32": "float32", "fp32": "float32", "bfloat16": "bfloat16", "bf16": "bfloat16",
           "float16": "float16", "fp16": "float16"}
@@ -48,6 +49,9 @@ _ENGINE_FLAGS = [
                               "temp dir)")),
     ("--preemption-mode", "preemption_mode", dict(choices=PREEMPTION_MODES, help="when KV runs out (default recompute)")),
     ("--enforce-eager", "enforce_eager", dict(action="store_true", default=None, help="never compile/capture graphs")),
+    ("--attention-backend", "attention_backend",
+     dict(choices=attention_backend_names, help="attention of a step: auto (flex on CUDA where it compiles, else "
+                                                "sdpa) or a backend by name (default auto)")),
     ("--speculative-config", "speculative", dict(type=json.loads, metavar="JSON",
                                                  help='e.g. \'{"method": "ngram", "num_speculative_tokens": 4}\'')),
 ]
@@ -61,6 +65,8 @@ def add_engine_args(parser: argparse.ArgumentParser, with_model: bool = True) ->
     parser.add_argument("--dtype", default="auto", choices=sorted(DTYPES), help="default auto: fp32 on CPU, bf16 on GPU")
     g = parser.add_argument_group("engine (names as in vLLM)")
     for flag, _, kw in _ENGINE_FLAGS:
+        if callable(kw.get("choices")):  # a list that lives elsewhere, read when a parser is built
+            kw = {**kw, "choices": kw["choices"]()}
         g.add_argument(flag, **{"default": None, **kw})
 
 

@@ -28,6 +28,13 @@ def cpu_switch_default(name: str) -> bool:
     return os.environ.get(CPU_SWITCH_ENV[name], "1") != "0"
 
 
+def attention_backend_names() -> tuple[str, ...]:
+    """Every value `EngineConfig.attention_backend` accepts ("auto" and each backend's name)."""
+    from lab_utils.engine.accel.attention_backends import backend_names
+
+    return backend_names()
+
+
 def _cpu_switch(name: str):
     return field(default_factory=functools.partial(cpu_switch_default, name))
 
@@ -91,6 +98,10 @@ class EngineConfig:
     # they are host hits by its admission (off: they are read when its prefix is looked up)
     kv_offload_prefetch: bool = True
     enforce_eager: bool = False
+    # which attention computes a step: "auto" (flex on CUDA where it can compile, else sdpa) or a backend's name
+    # (`attention_backends.ATTENTION_BACKENDS`, the one list; `attention_backend_names()`); a named backend that
+    # cannot run on the device and dtype the engine gets is refused when the engine is built, never swapped
+    attention_backend: str = "auto"
     seed: int = 0
     # CPU fast paths (lab_utils.engine.accel): PyTorch's results to float32 round-off, on by default, off for A/B
     # measurements; `enforce_eager` leaves them on (kernels, not compilation). The environment sets the defaults:
@@ -126,6 +137,9 @@ class EngineConfig:
             isinstance(self.kv_offload_disk_bytes, int) and self.kv_offload_disk_bytes >= 0),
              "None (off) or an int >= 0 (bytes of disk; 0: off)")
         need("kv_offload_prefetch", isinstance(self.kv_offload_prefetch, bool), "True or False")
+        if self.attention_backend != "auto":  # (the names live with the backends: imported only when one is named)
+            need("attention_backend", self.attention_backend in attention_backend_names(),
+                 f"one of {attention_backend_names()}")
         if self.kv_offload_disk_bytes and not self.kv_offload_bytes:
             raise ValueError(f"EngineConfig.kv_offload_disk_bytes={self.kv_offload_disk_bytes} keeps the blocks the "
                              f"host tier drops, but the host tier is off (kv_offload_bytes="

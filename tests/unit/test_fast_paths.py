@@ -24,11 +24,8 @@ from lab_utils.engine.accel.cuda_graphs import (
     padded_metadata,
     runner_options,
 )
-from lab_utils.engine.accel.flex_attention import (
-    FlexPagedAttention,
-    flex_available,
-    select_attention_backend,
-)
+from lab_utils.engine.accel.attention_backends import select_attention_backend
+from lab_utils.engine.accel.flex_attention import FlexPagedAttention, flex_available
 from lab_utils.engine.kv.kv_cache import KVCache
 
 needs_flex = pytest.mark.skipif(not flex_available(), reason="needs torch >= 2.5 (flex_attention)")
@@ -126,14 +123,14 @@ def test_decode_rows_attend_in_groups_sorted_by_context(group_rows):
         SplitMetadata.build([[0]], [2], [1], 4, torch.device("cpu"), group_rows=0)
 
 
-def test_backend_selection():
-    cpu, cuda = torch.device("cpu"), torch.device("cuda")
-    assert select_attention_backend(cpu, enforce_eager=False) == "sdpa"
-    assert select_attention_backend(cuda, enforce_eager=True) == "sdpa"
-    assert select_attention_backend(cuda, enforce_eager=False) == ("flex" if flex_available() else "sdpa")
+def test_backend_selection(tiny64):
+    cpu, cuda, f32 = torch.device("cpu"), torch.device("cuda"), torch.float32
+    assert select_attention_backend("auto", cpu, f32, enforce_eager=False) == "sdpa"
+    assert select_attention_backend("auto", cuda, f32, enforce_eager=True) == "sdpa"
+    assert select_attention_backend("auto", cuda, f32, enforce_eager=False) == ("flex" if flex_available() else "sdpa")
     with pytest.raises(ValueError, match="invalid"):
-        select_attention_backend(cpu, False, "triton")
-    opts = runner_options(EngineConfig(), cpu, None, None, 16, 128)
+        select_attention_backend("no-such-backend", cpu, f32)
+    opts = runner_options(EngineConfig(), cpu, tiny64[0], None, 16, 128)
     assert opts == {"attention_backend": "sdpa", "graphs": None}  # CPU: no graphs, no flex
 
 

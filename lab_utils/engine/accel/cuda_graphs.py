@@ -163,11 +163,13 @@ class DecodeGraphRunner:
 
 def runner_options(config, device: torch.device, model: torch.nn.Module, cache: KVCache, block_size: int,
                    max_model_len: int) -> dict:
-    """The CUDA fast paths an engine's runner gets (`fast_paths.FastPaths.for_engine`): flex attention and decode
-    CUDA graphs on CUDA, none with enforce_eager."""
-    from lab_utils.engine.accel.flex_attention import select_attention_backend
+    """The CUDA fast paths an engine's runner gets (`fast_paths.FastPaths.for_engine`): the attention backend
+    `config.attention_backend` resolves to (`attention_backends.select_attention_backend`: flex on CUDA for
+    "auto") and decode CUDA graphs on CUDA, none with enforce_eager."""
+    from lab_utils.engine.accel.attention_backends import select_attention_backend
 
+    backend = select_attention_backend(config.attention_backend, device, model.dtype, config.enforce_eager)
     graphs = None
     if device.type == "cuda" and not config.enforce_eager:
         graphs = DecodeGraphRunner(model, cache, block_size, device, config.max_num_seqs, max_model_len)
-    return {"attention_backend": select_attention_backend(device, config.enforce_eager), "graphs": graphs}
+    return {"attention_backend": backend, "graphs": graphs}

@@ -10,8 +10,8 @@ layers call), with `torch.nn.attention.flex_attention` in place of `scaled_dot_p
 - compiled (`torch.compile`), flex generates one fused Triton kernel on CUDA. Uncompiled it runs an eager
   reference that materializes the scores: fine for tests on CPU, slow for serving.
 
-`select_attention_backend` picks flex on CUDA unless `enforce_eager` (the vLLM flag: no compilation, no
-graphs) and SDPA everywhere else.
+`attention_backends.select_attention_backend` picks flex on CUDA unless `enforce_eager` (the vLLM flag: no
+compilation, no graphs) or a float64 model (the kernel cannot compile for it), and SDPA everywhere else.
 """
 from __future__ import annotations
 
@@ -22,9 +22,6 @@ import torch
 from lab_utils.engine.attention import AttentionMetadata, PagedAttention
 from lab_utils.engine.kv.kv_cache import KVCache
 
-BACKENDS = ("auto", "sdpa", "flex")
-
-
 def flex_available() -> bool:
     """True if this torch ships FlexAttention (torch >= 2.5)."""
     try:
@@ -32,17 +29,6 @@ def flex_available() -> bool:
     except ImportError:
         return False
     return True
-
-
-def select_attention_backend(device: torch.device, enforce_eager: bool, requested: str = "auto") -> str:
-    """'flex' on CUDA (compiled kernels) unless enforce_eager; 'sdpa' otherwise. An explicit request wins."""
-    if requested not in BACKENDS:
-        raise ValueError(f"attention backend {requested!r} is invalid: must be one of {BACKENDS}")
-    if requested == "flex" and not flex_available():
-        raise ValueError("attention backend 'flex' needs torch >= 2.5 (torch.nn.attention.flex_attention)")
-    if requested != "auto":
-        return requested
-    return "flex" if device.type == "cuda" and not enforce_eager and flex_available() else "sdpa"
 
 
 # torch.compile backend for flex: "inductor" generates the fused kernel (Triton on CUDA); tests on a CPU use
