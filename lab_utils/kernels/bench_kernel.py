@@ -63,7 +63,7 @@ def worker(cfg: dict) -> dict:
         (lambda c: decode_bench.kernel_call(fn, c, splits))
     (timing,) = decode_bench.measure({"yours": make}, shape, device, repeats=cfg["repeats"], seed=cfg["seed"])
     return {**out, "correct": True, "us_per_call": round(timing.us, 2), "bound_us": round(timing.bound_us, 3),
-            "fraction_of_bound": round(timing.fraction, 6)}
+            "fraction_of_bound": float(f"{timing.fraction:.4g}")}
 
 
 def run(folder: Path, part: str = "kernel.paged_decode", shape: dict | None = None, num_splits: int | None = None,

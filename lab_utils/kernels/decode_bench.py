@@ -85,36 +85,41 @@ def time_us(fn: Callable[[], object], device: torch.device, repeats: int = 5, wa
     return 1e6 * statistics.median(times)
 
 
-def read_bandwidth(nbytes: int, device: torch.device, min_repeats: int = 10, min_seconds: float = 0.05) -> float:
-    """Bytes/s of the fastest of many reductions over a tensor of `nbytes` (at least `min_repeats`, for at least
-    `min_seconds`): reading those bytes, nothing else. Measured at the size being judged, so a small grid point's
-    bound is its cache's, not main memory's; the fastest run, so a busy moment of the machine does not lower it."""
+def fastest_s(fn: Callable[[], object], device: torch.device, min_repeats: int = 10,
+              min_seconds: float = 0.05) -> float:
+    """Seconds of the fastest of many calls of `fn` (at least `min_repeats`, for at least `min_seconds`): what the
+    machine can do, not what a busy moment let it do. On a CPU with all of PyTorch's threads and with one (a
+    thread pool on a busy machine waits for its slowest thread), the faster of the two."""
+    threads = torch.get_num_threads()
+    best = float("inf")
+    for n_threads in ([threads, 1] if device.type == "cpu" and threads > 1 else [threads]):
+        torch.set_num_threads(n_threads)
+        try:
+            fn()
+            _sync(device)
+            n, start = 0, time.perf_counter()
+            while n < min_repeats or time.perf_counter() - start < min_seconds:
+                t0 = time.perf_counter()
+                fn()
+                _sync(device)
+                best, n = min(best, time.perf_counter() - t0), n + 1
+        finally:
+            torch.set_num_threads(threads)
+    return best
+
+
+def read_bandwidth(nbytes: int, device: torch.device) -> float:
+    """Bytes/s of reading a tensor of `nbytes` (a reduction over it, the fastest run). Measured at the size being
+    judged, so a small grid point's bound is its cache's, not main memory's."""
     x = torch.rand(max(1024, nbytes // 4), device=device)
-    x.sum()
-    _sync(device)
-    best, n, start = float("inf"), 0, time.perf_counter()
-    while n < min_repeats or time.perf_counter() - start < min_seconds:
-        t0 = time.perf_counter()
-        x.sum()
-        _sync(device)
-        best, n = min(best, time.perf_counter() - t0), n + 1
-    return x.nbytes / best
+    return x.nbytes / fastest_s(x.sum, device)
 
 
-def peak_flops(device: torch.device, n: int = 512, dtype: torch.dtype = torch.float32, min_repeats: int = 5,
-               min_seconds: float = 0.2) -> float:
-    """FLOP/s of the fastest of many n x n matmuls: the compute roof of this machine at that dtype."""
+def peak_flops(device: torch.device, n: int = 512, dtype: torch.dtype = torch.float32) -> float:
+    """FLOP/s of the fastest n x n matmul: the compute roof of this machine at that dtype."""
     a = torch.randn(n, n, device=device, dtype=dtype)
     b = torch.randn(n, n, device=device, dtype=dtype)
-    a @ b
-    _sync(device)
-    best, k, start = float("inf"), 0, time.perf_counter()
-    while k < min_repeats or time.perf_counter() - start < min_seconds:
-        t0 = time.perf_counter()
-        a @ b
-        _sync(device)
-        best, k = min(best, time.perf_counter() - t0), k + 1
-    return 2 * n ** 3 / best
+    return 2 * n ** 3 / fastest_s(lambda: a @ b, device, min_repeats=5, min_seconds=0.2)
 
 
 def paged_case(shape: DecodeShape, device: torch.device | str, seed: int = 0) -> DecodeCase:
@@ -148,7 +153,7 @@ def engine_call(case: DecodeCase, backend: str) -> Callable[[], torch.Tensor]:
     from lab_utils.engine.accel.attention_backends import step_attention
     from lab_utils.engine.kv.kv_cache import KVCache
 
-    B, Hq, D = case.q.shape
+    B, _, D = case.q.shape
     Hkv, bs = case.k_cache.shape[1], case.block_size
     cache = KVCache(1, case.k_cache.shape[0] // bs, bs, Hkv, D, case.q.dtype, case.q.dtype, case.q.device)
     cache.k[0].copy_(case.k_cache)

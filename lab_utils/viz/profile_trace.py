@@ -103,5 +103,5 @@ def profile_timeline(events: list[TraceEvent], title: str = "One engine step") -
                     orientation="h", name=row, marker_color=COLORS[row], marker_line_width=0,
                     hovertext=[f"{e.name}: {e.dur_us:.1f} µs" for e in evs], hoverinfo="text")
     fig.update_layout(title=title, barmode="overlay", height=260, xaxis_title="µs since the step began",
-                      yaxis=dict(categoryorder="array", categoryarray=list(reversed(rows(events)))))
+                      yaxis={"categoryorder": "array", "categoryarray": list(reversed(rows(events)))})
     return fig
