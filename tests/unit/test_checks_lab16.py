@@ -114,6 +114,17 @@ def test_not_implemented_propagates():
         lab16._check_outputs("kernel.paged_decode", todo, 2, 0)
 
 
+def test_an_unwritten_kernel_compiled_by_triton_stops_at_its_hint():
+    """Compiled (CUDA), Triton refuses the placeholder's `raise` with a compile error quoting the source: the
+    check turns it into the NotImplementedError carrying the hint, as under the interpreter."""
+    def compiled(*args):
+        raise RuntimeError('at 4:4:\n    raise NotImplementedError("Contract: program (b, h) writes o")\n    ^\n'
+                           'unsupported AST node type: Raise')
+
+    with pytest.raises(NotImplementedError, match=r"^Contract: program \(b, h\) writes o$"):
+        lab16._check_outputs("kernel.paged_decode", compiled, 2, 0)
+
+
 @needs_triton
 def test_reference_kernels_pass_and_are_saved(tmp_path, monkeypatch):
     from lab_utils.course import learner_parts
