@@ -28,9 +28,12 @@ PART = "block_manager.promote"
 
 
 def _where() -> str:
-    from lab_utils.checks.parts_check import where
+    """'block_manager.promote (lab 14, my_engine/block_manager.py)', as `parts_check.where` words it (the generic
+    grader calls this module's `promote_cases`, so this module does not call the grader back)."""
+    from lab_utils.course.learner_parts import learner_dir
+    from lab_utils.course.parts import PARTS
 
-    return where(PART)
+    return f"{PART} (lab {PARTS[PART].lab}, {learner_dir().name}/{PARTS[PART].component}.py)"
 
 
 # -- random pools with a host tier ---------------------------------------------------------------------------

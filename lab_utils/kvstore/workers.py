@@ -23,13 +23,17 @@ from lab_utils.kvstore.store import KVStoreClient, KVStoreProcess
 
 def _worker_main(model: str, config: EngineConfig, dtype: str, client: KVStoreClient | None, conn) -> None:
     """One prefill worker: build the engine, then serve ("prefill", token ids) until ("stop",) or EOF."""
-    from lab_utils.disagg.workers import build_engine
+    from lab_utils.engine.engine import LLMEngine
     from lab_utils.kvstore.returning import leak_report
     from lab_utils.kvstore.tier import attach
+    from lab_utils.parallel.runner import load_weights_only
 
     torch.set_num_threads(1)
     try:
-        engine = build_engine(model, config, "cpu", dtype, set())
+        # token ids only (no tokenizer: importing transformers costs a worker seconds of start-up)
+        engine = LLMEngine((load_weights_only(model, torch.device("cpu"), getattr(torch, dtype)), None), config,
+                           device="cpu")
+        engine.keep_history = False  # a worker lives as long as its pool: forget ended requests
         tier = attach(engine, client, publish=True) if client is not None else None
         conn.send(("ready",))
     except Exception as e:  # the parent raises it with the worker's message

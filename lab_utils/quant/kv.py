@@ -2,7 +2,7 @@
 
 Each token leaves, in every layer, one key and one value vector per KV head:
     bytes/token = layers × 2 × kv_heads × head_dim × bytes/element (+ scales, if the format has them),
-the engine's own count (`lab_utils.engine.kv.paging.bytes_per_token`, what its `KVCache` allocates).
+the engine's own count (`lab_utils.quant.kv_formats.bytes_per_token`, what its `KVCache` allocates).
 For SmolLM2-135M (30 layers, 3 KV heads of 64): 11,520 elements per token, 45 KiB in fp32, 11.25 KiB in fp8.
 
 `kv_quant_attention(kind)` returns an attention callable for `model(ids, attention=...)` that rounds K and V
@@ -16,9 +16,9 @@ from __future__ import annotations
 
 import torch
 
-from lab_utils.engine.kv.paging import KV_CACHE_DTYPES, KV_SCALE_DTYPE, bytes_per_token
 from lab_utils.models.llama import dense_causal_attention
 from lab_utils.quant.formats import FLOAT_FORMATS
+from lab_utils.quant.kv_formats import KV_CACHE_DTYPES, KV_SCALE_DTYPE, bytes_per_token
 
 # the engine's names (`EngineConfig.kv_cache_dtype`; "fp8" is FP8 E4M3), and FP8 E5M2, measured here only
 KV_DTYPES = (*KV_CACHE_DTYPES, "fp8_e5m2")

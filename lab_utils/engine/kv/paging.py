@@ -8,7 +8,9 @@ prefix cache, `prefix_cache.py`, decides what a block nobody references becomes:
 Everything that turns positions into slots, or tokens into bytes, uses the two helpers here:
 - `slot(block_table, position, block_size)`: where a token's K/V lives;
 - `bytes_per_token(layers, kv_heads, head_dim, store_dtype)`: what one token costs in the cache, exactly what
-  `KVCache` allocates for it (int8 adds one `KV_SCALE_DTYPE` scale per K and V vector).
+  `KVCache` allocates for it (int8 adds one `KV_SCALE_DTYPE` scale per K and V vector). It and the cache's
+  formats (`KV_CACHE_DTYPES`) are defined with the number formats, `lab_utils.quant.kv_formats`, so that lab
+  05's precision study counts the same bytes without importing the engine.
 """
 from __future__ import annotations
 
@@ -18,15 +20,11 @@ from typing import TYPE_CHECKING
 
 import torch
 
+# the cache's formats and a token's bytes (`bytes_per_token`): defined with the number formats, used here
+from lab_utils.quant.kv_formats import KV_CACHE_DTYPES, KV_SCALE_DTYPE, bytes_per_token  # noqa: F401
+
 if TYPE_CHECKING:
     from lab_utils.engine.request import Request
-
-# `EngineConfig.kv_cache_dtype` -> what the cache stores ("auto": the model's dtype). "fp8" is FP8 E4M3.
-KV_CACHE_DTYPES = {
-    "fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16,
-    "fp8": torch.float8_e4m3fn, "int8": torch.int8,
-}
-KV_SCALE_DTYPE = torch.float32  # an int8 cache's scale, one per (token, head) for K and one for V
 
 
 def slot(block_table, position, block_size: int):
@@ -41,14 +39,6 @@ def slot(block_table, position, block_size: int):
 def blocks_needed(num_tokens: int, block_size: int) -> int:
     """Blocks that hold `num_tokens` tokens (the last one possibly part full)."""
     return -(-num_tokens // block_size)
-
-
-def bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int, store: torch.dtype) -> int:
-    """Bytes of KV cache one token takes: 2 (K and V) x layers x kv_heads x head_dim x bytes per value, plus, for
-    int8, one `KV_SCALE_DTYPE` scale per K and V vector."""
-    vectors = 2 * num_layers * num_kv_heads
-    scales = vectors * KV_SCALE_DTYPE.itemsize if store == torch.int8 else 0
-    return vectors * head_dim * store.itemsize + scales
 
 
 @dataclass
