@@ -1,6 +1,6 @@
 """Median decode-step time of the engine at several batch sizes (whatever lab_utils PYTHONPATH gives).
 
-    python benchmarks/engine_step_times.py LABEL 1 8 32      # QUANTIZATION=int8|w8a8|int4 for a quantized engine
+    python benchmarks/engine_step_times.py LABEL 1 8 32      # QUANTIZATION=int8|w8a8|w8a8-g32|int4 for a quantized engine
 """
 import json
 import os

@@ -49,7 +49,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--methods", nargs="+", default=["none", "ngram", "draft", "medusa", "eagle"])
     ap.add_argument("--k", nargs="+", type=int, default=[4], help="num_speculative_tokens (several: one column each)")
     ap.add_argument("--draft", default=None, help="draft model (default data/models/smollm2-draft)")
-    ap.add_argument("--draft-quantization", default=None, choices=["int8", "int4", "w8a8"],
+    ap.add_argument("--draft-quantization", default=None, choices=["int8", "int4", "w8a8", "w8a8-g32"],
                     help="quantize the draft's weights (lm head included); with --draft smollm2-135m: a self-draft")
     ap.add_argument("--lookup-min", type=int, default=2)
     ap.add_argument("--lookup-max", type=int, default=5)

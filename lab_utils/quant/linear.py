@@ -8,15 +8,21 @@
   kernel, unpacking costs more than the fp32 matmul it replaces. Decode on a GPU is bound by reading weights, so
   a fused kernel there turns fewer bytes into speed; here we measure and report whatever we get.
 
-- `W8A8Linear`: `Int8Linear`'s weights, and the activations too are rounded to INT8 on the fly (dynamic), one
-  scale per 32 inputs of each token (the block size of the OCP MX formats). A scale per whole token (SmoothQuant's
-  per-token W8A8) lets SmolLM2's outlier channels flatten the rest: greedy agreement with FP32 fell from 0.96 (INT8
-  weight-only) to 0.91; per 32 inputs it stays at 0.96. Within a group the product is integers times integers,
-  x @ Wᵀ ≈ Σ_g (x_q,g @ q_w,gᵀ) · s_x,g · s_w, which a CPU computes 32 at a time with byte dot-product instructions
-  (`lab_utils/engine/accel/csrc/small_m_linear.cpp`): a quarter of the bytes and no widening to float.
+- `W8A8Linear`: W8A8 as vLLM and SmoothQuant mean it: `Int8Linear`'s per-channel weights, and each token's
+  activations rounded to INT8 on the fly with one scale per token (dynamic, vLLM's `scaled_int8_quant` with no
+  scale given). Both scales factor out of the sum over inputs, x @ Wᵀ ≈ (x_q @ q_wᵀ) · s_x[token] · s_w[channel],
+  so the layer is one integer matmul (int8 × int8 → int32, `int8_matmul`) and one scaling of its output: the
+  shape of vLLM's W8A8 int8 path (`CompressedTensorsW8A8Int8`,
+  `vllm/model_executor/layers/quantization/compressed_tensors/schemes/compressed_tensors_w8a8_int8.py`, through
+  `cutlass_scaled_mm`).
+- `W8A8GroupLinear` (method `"w8a8-g32"`): the same weights, activations with one scale per **32 inputs** of each
+  token (the block size of the OCP MX formats). Finer scales keep SmolLM2's outlier channels from flattening the
+  rest of a token, at a price: per-group scales do not factor out of the sum, so the product is one integer dot
+  per group, x @ Wᵀ ≈ Σ_g (x_q,g @ q_w,gᵀ) · s_x,g · s_w, which a CPU computes 32 at a time with byte
+  dot-product instructions (`lab_utils/engine/accel/csrc/small_m_linear.cpp`).
 
 `Int8Linear` and `Int4Linear` keep activations in floating point (weight-only quantization), so they drop into
-any model; `W8A8Linear` does too, with the extra activation error.
+any model; the W8A8 layers do too, with the extra activation error.
 
 The arithmetic is in three small functions, `quantize_per_channel_int8`, `quantize_per_group_int4` and
 `dequantize_int4`; lab 05's learner writes their own, and `quantize_model(..., quantize_int8=, quantize_int4=,
@@ -39,7 +45,7 @@ from lab_utils.quant.formats import (
     unpack_int4,
 )
 
-METHODS = ("int8", "int4", "w8a8")
+METHODS = ("int8", "int4", "w8a8", "w8a8-g32")
 
 
 def quantize_per_channel_int8(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -124,7 +130,45 @@ class Int8Linear(nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, int8 per-channel"
 
 
-ACT_GROUP = 32  # W8A8: inputs per activation scale (the block size of the OCP MX formats; SmolLM2: 576 = 18 x 32)
+ACT_GROUP = 32  # w8a8-g32: inputs per activation scale (the block size of the OCP MX formats; SmolLM2: 576 = 18 x 32)
+
+
+def quantize_per_token_int8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Dynamic INT8 for activations, one scale per token (each row of the last dim): round(x / s) in
+    [-127, 127], s = absmax / 127 (1 for an all-zero token). Returns (q int8 like x, s float32 [..., 1])."""
+    xf = x.float()
+    absmax = xf.abs().amax(-1, keepdim=True)
+    s = torch.where(absmax > 0, absmax / 127, torch.ones_like(absmax))
+    return torch.round(xf / s).clamp_(-127, 127).to(torch.int8), s
+
+
+def int8_matmul(xq: torch.Tensor, wq: torch.Tensor) -> torch.Tensor:
+    """xq [m, k] int8 times wq [n, k] int8 transposed: the exact int32 sums [m, n]. `torch._int_mm` where it
+    runs (CPU; CUDA when m > 16 and k, n are multiples of 8), else float64, whose sums of int8 products stay
+    exact integers (below 2^53)."""
+    if xq.dtype != torch.int8 or wq.dtype != torch.int8:
+        raise ValueError(f"int8_matmul takes int8 operands, got {xq.dtype} and {wq.dtype}")
+    m, k = xq.shape
+    n = wq.shape[0]
+    if hasattr(torch, "_int_mm") and (not xq.is_cuda or (m > 16 and k % 8 == 0 and n % 8 == 0)):
+        return torch._int_mm(xq.contiguous(), wq.t().contiguous())
+    return (xq.double() @ wq.double().t()).to(torch.int32)
+
+
+class W8A8Linear(Int8Linear):
+    """y = (x_q @ qᵀ) · s_x · scale + bias: `Int8Linear`'s per-channel weights, x rounded to INT8 with one scale
+    per token (`quantize_per_token_int8`); one int8 matmul, both scales applied to its int32 output."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        flat = x.reshape(-1, self.in_features)
+        xq, sx = quantize_per_token_int8(flat)
+        acc = int8_matmul(xq, self.qweight)
+        y = (acc.float() * sx * self.scale).reshape(*x.shape[:-1], self.out_features).to(x.dtype)
+        return y if self.bias is None else y + self.bias.to(x.dtype)
+
+    def extra_repr(self) -> str:
+        return (f"in_features={self.in_features}, out_features={self.out_features}, int8 per-channel weights, "
+                f"int8 activations per token")
 
 
 def quantize_groups_int8(x: torch.Tensor, group: int = ACT_GROUP) -> tuple[torch.Tensor, torch.Tensor]:
@@ -141,15 +185,17 @@ def quantize_groups_int8(x: torch.Tensor, group: int = ACT_GROUP) -> tuple[torch
     return q.reshape(x.shape), s.squeeze(-1)
 
 
-class W8A8Linear(Int8Linear):
-    """y = (x_q @ qᵀ) · scale + bias: `Int8Linear`'s weights, x rounded to INT8 on the fly (one scale per 32 inputs
-    of each token, `quantize_groups_int8`); here as dequantize-then-matmul, in the CPU kernel as integer dots."""
+class W8A8GroupLinear(Int8Linear):
+    """Method "w8a8-g32": y = Σ_g (x_q,g @ q_gᵀ) · s_x,g · scale + bias: `Int8Linear`'s weights, x rounded to INT8
+    on the fly with one scale per 32 inputs of each token (`quantize_groups_int8`); here as
+    dequantize-then-matmul, in the CPU kernel as integer dots."""
 
     @classmethod
-    def from_linear(cls, linear: nn.Linear, quantize: Callable | None = None) -> W8A8Linear:
+    def from_linear(cls, linear: nn.Linear, quantize: Callable | None = None) -> W8A8GroupLinear:
         if linear.in_features % ACT_GROUP:
-            raise ValueError(f"w8a8 needs in_features divisible by {ACT_GROUP} (one activation scale per "
-                             f"{ACT_GROUP} inputs), got {linear.in_features}; use int8 (weight-only) for this layer")
+            raise ValueError(f"w8a8-g32 needs in_features divisible by {ACT_GROUP} (one activation scale per "
+                             f"{ACT_GROUP} inputs), got {linear.in_features}; use w8a8 (one scale per token) or "
+                             f"int8 (weight-only) for this layer")
         return super().from_linear(linear, quantize)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -161,6 +207,9 @@ class W8A8Linear(Int8Linear):
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, int8 per-channel weights, "
                 f"int8 activations per {ACT_GROUP} inputs")
+
+
+W8A8_CLASSES = {"w8a8": W8A8Linear, "w8a8-g32": W8A8GroupLinear}
 
 
 class Int4Linear(nn.Module):
@@ -271,8 +320,8 @@ def quantize_model(model: nn.Module, method: str = "int8", group_size: int = 64,
     """Replace the model's linear layers by quantized ones, in place.
 
     method: "int8" (weight-only, per output channel), "w8a8" (the same weights; activations rounded to INT8 on
-    the fly, one scale per 32 inputs of each token) or "int4" (weight-only, group-wise, `group_size` inputs per
-    scale, packed).
+    the fly, one scale per token: vLLM's W8A8), "w8a8-g32" (one activation scale per 32 inputs of each token) or
+    "int4" (weight-only, group-wise, `group_size` inputs per scale, packed).
     Embeddings, norms and the (tied) lm_head stay in their dtype. Returns (model, bytes saved).
     `quantize_int8` / `quantize_int4` / `dequantize_int4`: other versions of the arithmetic (a learner's), None =
     this module's.
@@ -293,22 +342,22 @@ def quantize_model(model: nn.Module, method: str = "int8", group_size: int = 64,
         if method == "int4":
             new = Int4Linear.from_linear(lin, group_size, symmetric, quantize_int4, dequantize_int4)
         else:
-            new = (W8A8Linear if method == "w8a8" else Int8Linear).from_linear(lin, quantize_int8)
+            new = W8A8_CLASSES.get(method, Int8Linear).from_linear(lin, quantize_int8)
         _set_module(model, name, new)
     return model, before - tensor_bytes(model)
 
 
 def bits_per_weight(method: str, group_size: int = 64, symmetric: bool = True, in_features: int = 576,
                     scale_bits: int = 16) -> float:
-    """Average storage per weight, scales included: int8 (and w8a8) → 8 + 32/in; int4 → 4 + 16/G (+ 8/G with
+    """Average storage per weight, scales included: int8 (and both w8a8) → 8 + 32/in; int4 → 4 + 16/G (+ 8/G with
     zero-points)."""
-    if method in ("int8", "w8a8"):
+    if method in ("int8", "w8a8", "w8a8-g32"):
         return 8 + 32 / in_features
     if method == "int4":
         return 4 + scale_bits / group_size + (0 if symmetric else 8 / group_size)
     raise ValueError(f"method={method!r}; allowed: {', '.join(METHODS)}")
 
 
-__all__ = ["Int4Linear", "Int8Linear", "W8A8Linear", "bits_per_weight", "dequantize_int4", "linear_targets", "qrange",
-           "quantize_groups_int8", "quantize_model", "quantize_per_channel_int8", "quantize_per_group_int4",
-           "tensor_bytes"]
+__all__ = ["Int4Linear", "Int8Linear", "W8A8GroupLinear", "W8A8Linear", "bits_per_weight", "dequantize_int4",
+           "int8_matmul", "linear_targets", "qrange", "quantize_groups_int8", "quantize_model",
+           "quantize_per_channel_int8", "quantize_per_group_int4", "quantize_per_token_int8", "tensor_bytes"]

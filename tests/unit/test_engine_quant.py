@@ -17,10 +17,11 @@ def _gen(model_tok, **cfg):
 
 
 # How far a quantized path's logits may lie from fp32's over the same tokens (measured on SmolLM2 with these
-# prompts, teacher-forced: fp8 KV 3.3, int8 KV 1.5, bf16 KV 0.15, int8 weights 1.5, w8a8 2.1; the bounds leave
+# prompts, teacher-forced: fp8 KV 3.3, int8 KV 1.5, bf16 KV 0.15, int8 weights 1.5, w8a8-g32 2.1, w8a8 6.2 (one
+# activation scale per token: SmolLM2's outlier channels set it, 25 of 26 confident positions agree); the bounds leave
 # room for other CPUs' rounding, not for a broken format), and the fp32 margin above which a quantized path
 # must still pick fp32's token at nearly every position (a confident choice: 1 logit).
-QUANT_LOGIT_TOL = {"fp8": 6.0, "int8": 3.0, "bf16": 0.3, "w8a8": 4.0}
+QUANT_LOGIT_TOL = {"fp8": 6.0, "int8": 3.0, "bf16": 0.3, "w8a8-g32": 4.0, "w8a8": 8.0}
 CONFIDENT = 1.0
 W8A8_PATHS_TOL = 2.5  # the W8A8 kernel vs the W8A8 layers' own forward, same tokens (see the test below)
 
@@ -56,7 +57,7 @@ def test_quantized_kv_cache_generates_and_holds_more_tokens(smollm2, fp32_refere
     assert agreement.decisive_fraction >= 0.95, f"{kv} KV vs fp32 KV: {agreement.describe()}"
 
 
-@pytest.mark.parametrize("method", ["int8", "int4", "w8a8"])
+@pytest.mark.parametrize("method", ["int8", "int4", "w8a8-g32"])
 def test_quantized_weights_generate_without_touching_the_callers_model(smollm2, method):
     model, _ = smollm2
     before = model.model.layers[0].mlp.up_proj.weight.clone()
@@ -67,7 +68,7 @@ def test_quantized_weights_generate_without_touching_the_callers_model(smollm2, 
     assert torch.equal(model.model.layers[0].mlp.up_proj.weight, before)
 
 
-@pytest.mark.parametrize("method", ["int8", "w8a8"])
+@pytest.mark.parametrize("method", ["int8", "w8a8-g32", "w8a8"])
 def test_int8_weights_mostly_agree_with_fp32(smollm2, fp32_reference, method):
     _, _, agreement = _agreement_with_fp32(smollm2, fp32_reference, quantization=method)
     assert agreement.max_abs_diff <= QUANT_LOGIT_TOL[method], f"{method} vs fp32: {agreement.describe()}"
@@ -92,7 +93,7 @@ def test_w8a8_kernel_and_reference_path_compute_the_same_linears(smollm2, monkey
 
     if small_m_kernel() is None:
         pytest.skip("needs the compiled CPU kernels with the small-M GEMM")
-    on = LLMEngine(smollm2, EngineConfig(kv_cache_memory_bytes=64 << 20, quantization="w8a8"), device="cpu")
+    on = LLMEngine(smollm2, EngineConfig(kv_cache_memory_bytes=64 << 20, quantization="w8a8-g32"), device="cpu")
     layers = [m for m in on.runner.model.modules() if isinstance(m, SmallMInt8Linear)]
     assert layers and all(m.small_m_rows > 0 and m.w8a8 for m in layers)
     rel: list[float] = []
@@ -110,7 +111,7 @@ def test_w8a8_kernel_and_reference_path_compute_the_same_linears(smollm2, monkey
     assert max(rel) <= 1e-3 and sorted(rel)[len(rel) // 2] <= 1e-5, f"kernel vs W8A8 layer, same input: {rel}"
 
     monkeypatch.setenv("LAB_CPU_SMALL_M_LINEAR", "0")
-    off, tokens = _gen(smollm2, quantization="w8a8")
+    off, tokens = _gen(smollm2, quantization="w8a8-g32")
     assert all(m.small_m_rows == 0 for m in off.runner.model.modules() if isinstance(m, SmallMInt8Linear))
     ref = engine_logits_batch(off, PROMPTS, tokens)
     got = engine_logits_batch(on, PROMPTS, tokens)

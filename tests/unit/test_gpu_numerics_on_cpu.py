@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 from lab_utils.engine.config import SpecConfig
-from lab_utils.quant.linear import Int8Linear, W8A8Linear
+from lab_utils.quant.linear import Int8Linear, W8A8GroupLinear, W8A8Linear
 
 
 def _layer(seed: int = 0, n: int = 256) -> nn.Linear:
@@ -18,7 +18,7 @@ def _layer(seed: int = 0, n: int = 256) -> nn.Linear:
     return lin
 
 
-@pytest.mark.parametrize("cls", [Int8Linear, W8A8Linear])
+@pytest.mark.parametrize("cls", [Int8Linear, W8A8Linear, W8A8GroupLinear])
 def test_int8_scale_stays_float32_when_the_model_goes_to_bf16(cls):
     q = cls.from_linear(_layer())
     fp32 = q.scale.clone()

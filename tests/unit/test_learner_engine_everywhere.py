@@ -128,7 +128,7 @@ def test_lab07_engines_and_the_self_draft_call_the_learners_parts(learner_folder
     model, tok = model_tok
     parts = learner_parts.parts(upto="07", quiet=True)
     methods = {"none": None, "ngram k=3": SpecConfig("ngram", 3, prompt_lookup_min=2, prompt_lookup_max=5),
-               "self-draft k=3": SpecConfig("draft", 3, model=MODEL, quantization="w8a8")}
+               "self-draft k=3": SpecConfig("draft", 3, model=MODEL, quantization="w8a8-g32")}
     engines = build_engines((model, tok), methods, device="cpu", parts=parts)
     assert calls["quant.quantize_per_channel_int8"] > 0, "the self-draft was quantized without the learner's INT8"
     for name, eng in engines.items():

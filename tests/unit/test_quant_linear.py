@@ -1,4 +1,5 @@
-"""Weight-only INT8 / INT4 linears: error bounds against nn.Linear, packed storage, and quantize_model."""
+"""INT8 / INT4 weight-only linears and the two W8A8 linears (vLLM's per-token scales, and per 32 inputs): error
+bounds against nn.Linear, the scales factoring out of one integer matmul, packed storage, and quantize_model."""
 from __future__ import annotations
 
 import pytest
@@ -9,10 +10,13 @@ from lab_utils.quant.formats import fake_quant_int, unpack_int4
 from lab_utils.quant.linear import (
     Int4Linear,
     Int8Linear,
+    W8A8GroupLinear,
     W8A8Linear,
     bits_per_weight,
+    int8_matmul,
     quantize_groups_int8,
     quantize_model,
+    quantize_per_token_int8,
     tensor_bytes,
 )
 from lab_utils.quant.quantize import QuantConfig, ptq
@@ -61,29 +65,81 @@ def test_activation_groups_round_to_int8_with_one_scale_per_32_inputs():
         quantize_groups_int8(torch.randn(2, 48))
 
 
-def test_w8a8_linear_error_and_its_in_features_check():
+def test_w8a8_g32_linear_error_and_its_in_features_check():
     lin = make_linear(bias=True)
-    q = W8A8Linear.from_linear(lin)
+    q = W8A8GroupLinear.from_linear(lin)
     x = torch.randn(5, 7, 128)
     with torch.no_grad():
         y_ref, y8, y = lin(x), Int8Linear.from_linear(lin)(x), q(x)
     assert torch.equal(q.qweight, Int8Linear.from_linear(lin).qweight)  # the same stored weights as INT8
     assert (y - y_ref).abs().max() < 0.03 * y_ref.abs().max()
     assert (y - y8).abs().max() > 0, "activations were not quantized"
-    with pytest.raises(ValueError, match="w8a8 needs in_features divisible by 32"):
-        W8A8Linear.from_linear(nn.Linear(48, 8))
-    assert bits_per_weight("w8a8", in_features=128) == bits_per_weight("int8", in_features=128)
+    with pytest.raises(ValueError, match="w8a8-g32 needs in_features divisible by 32.*use w8a8"):
+        W8A8GroupLinear.from_linear(nn.Linear(48, 8))
+    assert bits_per_weight("w8a8-g32", in_features=128) == bits_per_weight("int8", in_features=128)
 
 
-def test_quantize_model_w8a8(tiny_model):
+def test_int8_matmul_is_exact():
+    torch.manual_seed(0)
+    for m, k, n in ((1, 64, 16), (3, 576, 1536), (17, 1536, 576), (2, 48, 5)):
+        a = torch.randint(-127, 128, (m, k), dtype=torch.int8)
+        b = torch.randint(-127, 128, (n, k), dtype=torch.int8)
+        got = int8_matmul(a, b)
+        assert got.dtype == torch.int32 and torch.equal(got.long(), a.long() @ b.long().t())
+    with pytest.raises(ValueError, match="int8 operands"):
+        int8_matmul(a.float(), b)
+
+
+def test_per_token_scales_factor_out_of_one_integer_matmul():
+    """vLLM's W8A8: y = (x_q @ q_wᵀ) · s_x[token] · s_w[channel], an int32 product scaled once; each token's
+    scale is its own absmax / 127, whatever else is in the batch."""
+    lin = make_linear(i=96, o=40, bias=True, seed=1)  # 96: no multiple of 32 needed (one scale per token)
+    q = W8A8Linear.from_linear(lin)
+    x = torch.randn(6, 96)
+    xq, sx = quantize_per_token_int8(x)
+    assert sx.shape == (6, 1) and torch.allclose(sx, x.abs().amax(-1, keepdim=True) / 127)
+    acc = (xq.long() @ q.qweight.long().t()).double()
+    expect = (acc * sx.double() * q.scale.double() + lin.bias.detach().double()).float()
+    with torch.no_grad():
+        y = q(x)
+    assert torch.allclose(y, expect, rtol=1e-6, atol=1e-6)
+    with torch.no_grad():  # batch invariance: a token's output does not depend on its neighbours
+        assert torch.allclose(q(x[2:3] * 1.0), y[2:3], rtol=0, atol=0)
+        assert torch.allclose(q(torch.cat([x[2:3], 100 * x[:1]])), torch.cat([y[2:3], q(100 * x[:1])]), rtol=0, atol=0)
+
+
+def test_per_token_w8a8_is_close_to_fp32_and_per_group_closer_with_an_outlier_channel():
+    """One activation channel 50x the rest (SmolLM2 has such channels): a per-token scale is set by it and rounds
+    every other input coarsely; per 32 inputs, only its own group pays. Both stay close to fp32 without it."""
+    lin = make_linear(i=128, o=64, seed=2)
+    torch.manual_seed(3)
+    x = torch.randn(16, 128)
+    with torch.no_grad():
+        ref = lin(x)
+        tok, grp = W8A8Linear.from_linear(lin)(x), W8A8GroupLinear.from_linear(lin)(x)
+        assert (tok - ref).abs().max() < 0.03 * ref.abs().max() and (grp - ref).abs().max() < 0.03 * ref.abs().max()
+        x[:, 5] *= 50
+        ref = Int8Linear.from_linear(lin)(x)  # the same INT8 weights, float activations: only x's rounding differs
+        err_tok = (W8A8Linear.from_linear(lin)(x) - ref).pow(2).mean().sqrt()
+        err_grp = (W8A8GroupLinear.from_linear(lin)(x) - ref).pow(2).mean().sqrt()
+    assert err_grp < 0.6 * err_tok, (err_grp, err_tok)  # ~ sqrt(32 / 128): a quarter of the inputs pay
+
+
+@pytest.mark.parametrize("method,cls", [("w8a8", W8A8Linear), ("w8a8-g32", W8A8GroupLinear)])
+def test_quantize_model_w8a8(tiny_model, method, cls):
     ids = torch.randint(0, tiny_model.config.vocab_size, (1, 10))
     with torch.no_grad():
         ref = tiny_model(ids)
-    model, saved = quantize_model(tiny_model, "w8a8")
-    assert sum(isinstance(m, W8A8Linear) for m in model.modules()) == 14 and saved > 0
+    model, saved = quantize_model(tiny_model, method)
+    assert sum(type(m) is cls for m in model.modules()) == 14 and saved > 0
     with torch.no_grad():
         out = model(ids)
     assert (out - ref).abs().max() < 0.05 * ref.abs().max()
+
+
+def test_quantize_model_names_the_methods():
+    with pytest.raises(ValueError, match="allowed: int8, int4, w8a8, w8a8-g32"):
+        quantize_model(nn.Sequential(nn.Linear(64, 64)), "w8a8-token")
 
 
 @pytest.mark.parametrize("symmetric", [True, False])

@@ -210,14 +210,14 @@ def test_fusable_for_all_fp32_or_all_int8_projections_only():
     import copy
 
     from lab_utils.engine.accel.cpu_fused import fusable
-    from lab_utils.quant.linear import Int8Linear, W8A8Linear, quantize_model
+    from lab_utils.quant.linear import Int8Linear, W8A8GroupLinear, quantize_model
 
     model, _ = load_model("tiny-random", device="cpu", dtype=torch.float32)
     assert fusable(model)
     assert fusable(quantize_model(copy.deepcopy(model), "int8")[0])
-    assert fusable(quantize_model(copy.deepcopy(model), "w8a8")[0])
+    assert fusable(quantize_model(copy.deepcopy(model), "w8a8-g32")[0])
     assert not fusable(quantize_model(copy.deepcopy(model), "int4", group_size=16)[0])  # INT4 keeps its own layers
-    for kind in (Int8Linear, W8A8Linear):  # one layer of another kind: the layers would not be one kind of maths
+    for kind in (Int8Linear, W8A8GroupLinear):  # one layer of another kind: the layers would not be one kind of maths
         mixed = copy.deepcopy(model if kind is Int8Linear else quantize_model(copy.deepcopy(model), "int8")[0])
         attn = mixed.model.layers[0].self_attn
         attn.q_proj = kind.from_linear(attn.q_proj if kind is Int8Linear else nn.Linear(64, 64, bias=False))
@@ -231,13 +231,13 @@ def test_w8a8_kernel_equals_w8a8_linear(rows):
     """Every tile shape (blocks of 8 weight rows for 1 row of x, else 4, in tiles of 2 rows and 1 left), weights
     side by side with a remainder row, bias; activations large and small per group (one scale per 32 inputs) and an
     all-zero group. The kernel rounds x exactly as `quantize_groups_int8` does, so only the summation order differs."""
-    from lab_utils.quant.linear import W8A8Linear
+    from lab_utils.quant.linear import W8A8GroupLinear
 
     g = torch.Generator().manual_seed(rows)
     x = torch.randn(rows, 96, generator=g) * torch.tensor([10.0, 0.01, 1.0]).repeat_interleave(32)
     x[0, 32:64] = 0
     lins = [nn.Linear(96, n, bias=True) for n in (17, 8, 3)]
-    qs = [W8A8Linear.from_linear(lin) for lin in lins]
+    qs = [W8A8GroupLinear.from_linear(lin) for lin in lins]
     want = torch.cat([q(x) for q in qs], dim=-1)
     scale, bias = torch.cat([q.scale for q in qs]), torch.cat([q.bias for q in qs])
     got = cpu_kernels().small_m_linear_w8a8(x, [q.qweight for q in qs], scale, bias)
@@ -306,7 +306,7 @@ def test_packed_view_runs_w8a8_linears_through_the_kernel(rows):
     from lab_utils.quant.linear import quantize_model
 
     model, _ = load_model("tiny-random", device="cpu", dtype=torch.float32)
-    q_model, _ = quantize_model(copy.deepcopy(model), "w8a8", skip=())
+    q_model, _ = quantize_model(copy.deepcopy(model), "w8a8-g32", skip=())
     view, _ = pack_linears(q_model)
     fused = [m for m in view.modules() if isinstance(m, FusedInt8Linear)]
     wrapped = [m for m in view.modules() if isinstance(m, SmallMInt8Linear)]

@@ -170,12 +170,12 @@ def test_spec_quantization_is_validated():
         DraftModelProposer(SpecConfig("draft", 2, quantization="int8"), mine, "cpu", draft_model=mine)
 
 
-@pytest.mark.parametrize("method", ["int8", "int4", "w8a8"])
+@pytest.mark.parametrize("method", ["int8", "int4", "w8a8", "w8a8-g32"])
 def test_quantized_self_draft_is_token_identical(method):
     """The target's own weights, quantized, as its draft (SpecConfig(model=<the target>, quantization=...)):
     outputs stay exactly the target's, and the draft agrees with it most of the time."""
     from lab_utils import load_model
-    from lab_utils.quant.linear import Int4Linear, Int8Linear, W8A8Linear
+    from lab_utils.quant.linear import Int4Linear, Int8Linear, W8A8GroupLinear, W8A8Linear
 
     target = load_model("tiny-random", device="cpu", dtype=torch.float32)
     prompts = _prompts(4)
@@ -184,7 +184,7 @@ def test_quantized_self_draft_is_token_identical(method):
     eng, outs = _generate(target, prompts, spec, block_size=4, num_gpu_blocks=400)
     # fp32: verifying 4 tokens in one pass sums in another order than decoding one at a time
     assert_greedy_outputs_agree(target[0], outs, base, f"speculative ({method} self-draft) vs plain decoding")
-    kind = {"int8": Int8Linear, "int4": Int4Linear, "w8a8": W8A8Linear}[method]
+    kind = {"int8": Int8Linear, "int4": Int4Linear, "w8a8": W8A8Linear, "w8a8-g32": W8A8GroupLinear}[method]
     draft_modules = list(eng.spec.proposer.model.modules())
     assert any(isinstance(m, kind) for m in draft_modules), "the draft was not quantized"
     assert eng.stats()["spec_acceptance_rate"] > 0.5

@@ -15,7 +15,7 @@ per layer. This view does the same maths with ~15 per layer:
 - where the compiled kernels (`cpu_kernels`) are built: the residual add and the next RMSNorm are one pass, and
   so is silu(gate) * up.
 
-Weight-only INT8 models (`quantize_model(model, "int8")`) and W8A8 ones (`"w8a8"`) are fused the same way: their
+Weight-only INT8 models (`quantize_model(model, "int8")`) and W8A8 ones (`"w8a8-g32"`) are fused the same way: their
 q/k/v and gate/up become one call of the compiled INT8 (W8A8) kernel each (`FusedInt8Linear`).
 
 Same results as the reference `LlamaForCausalLM` to float32 round-off (tests/unit/test_cpu_linear.py), same
@@ -41,7 +41,7 @@ from lab_utils.models.llama import (
     LlamaForCausalLM,
     dense_causal_attention,
 )
-from lab_utils.quant.linear import Int8Linear, W8A8Linear
+from lab_utils.quant.linear import Int8Linear, W8A8GroupLinear
 
 
 class FusedPackedLinear(nn.Module):
@@ -71,7 +71,7 @@ class FusedPackedLinear(nn.Module):
 
 
 class FusedInt8Linear(nn.Module):
-    """INT8 linears (all weight-only `Int8Linear`s or all `W8A8Linear`s) that read the same input, as one call of
+    """INT8 linears (all weight-only `Int8Linear`s or all `W8A8GroupLinear`s) that read the same input, as one call of
     the compiled INT8 (or W8A8) kernel whose outputs sit side by side (few rows); other row counts run each
     linear's own forward."""
 
@@ -84,7 +84,7 @@ class FusedInt8Linear(nn.Module):
         self.scale = torch.cat([lin.scale for lin in linears])  # tiny: one float per output row
         self.in_features = linears[0].in_features
         self.small_m_rows, self.kernels = small_m_rows(self.in_features, small_m, int8=True), kernels
-        self.w8a8 = type(linears[0]) is W8A8Linear  # (`fusable` makes them all one kind)
+        self.w8a8 = type(linears[0]) is W8A8GroupLinear  # (`fusable` makes them all one kind)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         kernel = int8_small_m_kernel(x, self.small_m_rows * self.in_features, self.w8a8, self.kernels)
@@ -167,17 +167,17 @@ _PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", *_MLP_PROJECTIONS)
 
 def _projection_kind(lin: nn.Module | None) -> str | None:
     """"fp32" (a plain bias-free float32 nn.Linear), "int8" (a bias-free weight-only `Int8Linear`), "w8a8" (a
-    bias-free `W8A8Linear`), else None."""
+    bias-free `W8A8GroupLinear`), else None."""
     if type(lin) is nn.Linear and lin.bias is None and lin.weight.dtype == torch.float32:
         return "fp32"
-    if type(lin) in (Int8Linear, W8A8Linear) and lin.bias is None and lin.scale.dtype == torch.float32:
-        return "w8a8" if type(lin) is W8A8Linear else "int8"
+    if type(lin) in (Int8Linear, W8A8GroupLinear) and lin.bias is None and lin.scale.dtype == torch.float32:
+        return "w8a8" if type(lin) is W8A8GroupLinear else "int8"
     return None
 
 
 def fusable(model: nn.Module) -> bool:
     """Plain float32 Llama models only, whose projections are all plain float32 linears, all weight-only INT8
-    (`quantize_model(..., "int8")`) or all W8A8 (`"w8a8"`), the same maths per linear: subclasses may change the
+    (`quantize_model(..., "int8")`) or all W8A8 (`"w8a8-g32"`), the same maths per linear: subclasses may change the
     layer maths, other dtypes keep their norms, and other swapped projections (INT4, tensor-parallel shards) keep
     their own."""
     if type(model) is not LlamaForCausalLM or model.dtype != torch.float32:

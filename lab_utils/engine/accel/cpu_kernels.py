@@ -10,7 +10,7 @@ few plain C++ loops that replace them (the same idea as vLLM's CPU backend kerne
 - `small_m_linear.cpp`: the linears of a decode step (a few rows), each weight row read once (`cpu_linear`):
   with so few rows the GEMM is bound by reading the weights, and oneDNN's general kernel reads them slower;
   its INT8 variant serves weight-only INT8 linears (`quantization="int8"`, a quantized draft), its W8A8 variant
-  INT8 weights with INT8 activations (`"w8a8"`: byte dot products, no widening of the weights to float).
+  INT8 weights with INT8 activations (`"w8a8-g32"`: byte dot products, no widening of the weights to float).
 
 They are compiled on first use by `torch.utils.cpp_extension` (g++ and ninja; ~30-90 s once, with a one-line
 message, then cached in `cache_dir()/torch_extensions`, one folder per Python environment and CPU capability).

@@ -29,7 +29,7 @@ from torch import nn
 
 from lab_utils.engine.accel.cpu_kernels import cpu_kernels
 from lab_utils.engine.config import cpu_switch_default
-from lab_utils.quant.linear import Int8Linear, W8A8Linear
+from lab_utils.quant.linear import Int8Linear, W8A8GroupLinear
 
 
 def packed_linear_available(device: torch.device, dtype: torch.dtype) -> bool:
@@ -155,7 +155,7 @@ class PackedLinear(nn.Module):
 
 
 class SmallMInt8Linear(nn.Module):
-    """A weight-only INT8 linear (`lab_utils.quant.linear.Int8Linear`) or a W8A8 one (`W8A8Linear`) whose few-row
+    """A weight-only INT8 linear (`lab_utils.quant.linear.Int8Linear`) or a W8A8 one (`W8A8GroupLinear`) whose few-row
     products run the compiled INT8 (W8A8) small-M kernel (a quarter of the fp32 bytes to read); everything else
     runs its own forward."""
 
@@ -164,7 +164,7 @@ class SmallMInt8Linear(nn.Module):
         self.inner = linear  # shares qweight / scale / bias with the source model
         self.in_features, self.out_features = linear.in_features, linear.out_features
         self.small_m_rows, self.kernels = small_m_rows(self.in_features, small_m, int8=True), kernels
-        self.w8a8 = type(linear) is W8A8Linear
+        self.w8a8 = type(linear) is W8A8GroupLinear
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         kernel = int8_small_m_kernel(x, self.small_m_rows * self.in_features, self.w8a8, self.kernels)
