@@ -6,6 +6,7 @@ app keeps one per served model (models.py) and a route answers with the one its 
 """
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -72,13 +73,9 @@ class Frontend:
         thread, cached, time-limited) so a schema the grammar compiler refuses, one that admits no output, or one
         too slow to compile is a 400 naming the field."""
         param = grammar_param(mode)
+        args = (req.response_format, getattr(req, "tools", None), mode, getattr(req, "parallel_tool_calls", None))
         try:
-            so = structured_output(req.response_format, getattr(req, "tools", None), mode,
-                                   getattr(req, "parallel_tool_calls", None))
-            if so is not None and req.stop:  # a stop string inside the JSON would end it half-written
-                raise ToolRequestError(f"stop strings would cut the JSON that {param} asks for (the output would "
-                                       f"not parse): send stop only without a JSON constraint", "stop")
-            if mode == "required":  # each tool's parameters alone: one that admits nothing is known here
+            if mode == "required":  # each tool's parameters alone first: the refusal names the tool
                 for i, tool in enumerate(req.tools):
                     try:
                         await self.offload.compile(tool_schema(tool))
@@ -86,6 +83,13 @@ class Frontend:
                         raise
                     except ValueError as exc:
                         raise ToolRequestError(f"tools[{i}].function.parameters: {exc}", "tools") from None
+                # the calls' grammar is built from every tool's: in a thread, off the event loop
+                so = await asyncio.get_running_loop().run_in_executor(None, structured_output, *args)
+            else:
+                so = structured_output(*args)
+            if so is not None and req.stop:  # a stop string inside the JSON would end it half-written
+                raise ToolRequestError(f"stop strings would cut the JSON that {param} asks for (the output would "
+                                       f"not parse): send stop only without a JSON constraint", "stop")
             await self.offload.compile(so)
         except ToolRequestError as exc:
             raise APIError(400, str(exc), param=exc.param) from None

@@ -5,8 +5,11 @@ server maps them:
   {"name": ..., "schema": {...}}}` -> that schema.
 - `tool_choice={"type": "function", "function": {"name": f}}` -> the output is f's arguments (f's `parameters`
   schema); the reply carries one tool call to f, finish_reason "stop".
-- `tool_choice="required"` -> the output is a JSON array of at least one {"name": <a tool>, "parameters": {...}}
-  (vLLM's schema, `parallel_tool_calls=false` makes it at most one); finish_reason "tool_calls".
+- `tool_choice="required"` -> the output is a JSON array of {"name": <a tool>, "parameters": {...}} (vLLM's
+  format): with parallel calls allowed, one to len(tools) calls, each tool at most once and in the order `tools`
+  lists them (a grammar: `distinct_calls_grammar`), so a model that would repeat a call must close the array
+  and the reply ends with `tool_calls`; with `parallel_tool_calls=false`, exactly one call. finish_reason
+  "tool_calls". A reply cut by max_tokens keeps its complete calls (finish_reason "length").
 - `tool_choice="auto"` (the default when tools are given) -> no constraint: the model decides. The tools are
   shown to it (the chat template's `tools`, or a system message in the Hermes format when the template has no
   place for them), and a reply that holds `<tool_call>{"name": ..., "arguments": ...}</tool_call>` (or just such
@@ -109,11 +112,11 @@ def structured_output(response_format: ResponseFormat | None, tools: list[Tool] 
                                "them", "response_format")
     if forced:
         if mode == "required":
-            schema: dict[str, Any] = {"type": "array", "minItems": 1, "items": {"type": "object", "anyOf": [
+            if parallel_tool_calls is not False:
+                return {"grammar": distinct_calls_grammar(tools)}
+            schema: dict[str, Any] = {"type": "array", "minItems": 1, "maxItems": 1, "items": {"type": "object", "anyOf": [
                 {"properties": {"name": {"type": "string", "enum": [t.function.name]}, "parameters": _params(t.function)},
                  "required": ["name", "parameters"]} for t in tools]}}
-            if parallel_tool_calls is False:
-                schema["maxItems"] = 1
             return {"json": schema, **COMPACT}
         name = mode.split(":", 1)[1]
         return {"json": _params(next(t.function for t in tools if t.function.name == name)), **COMPACT}
@@ -125,6 +128,56 @@ def structured_output(response_format: ResponseFormat | None, tools: list[Tool] 
         raise ToolRequestError('response_format of type "json_schema" needs "json_schema": {"name": ..., '
                                '"schema": {...}}', "response_format")
     return {"json": response_format.json_schema.json_schema, **COMPACT}
+
+
+def distinct_calls_grammar(tools: list[Tool]) -> str:
+    """EBNF for `[call, ...]`: at least one call, each tool at most once, in the order of `tools` (so the calls
+    are distinct and at most len(tools): the array must close). Each call is `{"name":"<name>","parameters":
+    <its parameters' grammar>}`, the parameters narrowed as a `response_format` schema is (structured/schema.py).
+    Linear in the tools: `seq_i` is call i then any later calls in order, each optional."""
+    import xgrammar as xgr
+
+    from lab_utils.structured.schema import prepare_schema
+
+    def literal(text: str):
+        return xgr.Grammar.from_ebnf(f"root ::= {json.dumps(text)}")
+
+    calls = []
+    for i, t in enumerate(tools):
+        try:
+            params = xgr.Grammar.from_json_schema(json.dumps(prepare_schema(_params(t.function))),
+                                                  any_whitespace=False, separators=(",", ":"))
+        except RuntimeError as err:  # the compiler's refusal (the server compiles each tool alone first)
+            raise ToolRequestError(f"tools[{i}].function.parameters could not be compiled: {err}", "tools") from None
+        calls.append(xgr.Grammar.concat(literal(f'{{"name":"{t.function.name}","parameters":'), params, literal("}")))
+    lines = str(xgr.Grammar.union(*calls, literal(""))).splitlines()  # "" keeps the union a union when n == 1
+    call_rules = re.findall(r"\((\w+)\)", lines[0])[:len(tools)]  # root ::= ((root_1) | (root_2) | ...)
+    if not lines[0].startswith("root ::=") or len(call_rules) != len(tools):
+        raise RuntimeError(f"unexpected xgrammar union: {lines[0][:200]!r}")
+    n = len(tools)
+    ours = [f"root ::= \"[\" ({' | '.join(f'tc_seq_{i}' for i in range(n))}) \"]\""]
+    ours += [f"tc_seq_{i} ::= {call_rules[i]}" + (f" tc_tail_{i + 1}" if i + 1 < n else "") for i in range(n)]
+    ours += [f"tc_tail_{j} ::= (\"\" | (\",\" {call_rules[j]}))" + (f" tc_tail_{j + 1}" if j + 1 < n else "")
+             for j in range(1, n)]
+    return "\n".join([*lines[1:], *ours])
+
+
+def complete_calls(text: str) -> list[dict]:
+    """The whole `{"name", "parameters"}` items at the start of a JSON array cut short (max_tokens)."""
+    decoder, items, at = json.JSONDecoder(), [], 1
+    if not text.startswith("["):
+        return []
+    while True:
+        try:
+            item, at = decoder.raw_decode(text, at)
+        except ValueError:
+            return items
+        if not (isinstance(item, dict) and "name" in item and "parameters" in item):
+            return items
+        items.append(item)
+        if text[at:at + 1] != ",":
+            return items
+        at += 1
 
 
 def tool_schema(tool: Tool) -> dict:
@@ -252,6 +305,10 @@ def parse_tool_calls(text: str, tools: list[Tool]) -> list[dict]:
 def chat_reply(text: str, mode: str | None, tools: list[Tool] | None, finish_reason: str | None
                ) -> tuple[dict, str | None]:
     """The assistant message (content or tool_calls) and the finish_reason, as OpenAI's API returns them."""
+    if mode == "required" and finish_reason == "length":  # the calls written whole before the cut
+        calls = [_call(c["name"], c["parameters"]) for c in complete_calls(text)]
+        if calls:
+            return {"role": "assistant", "content": None, "tool_calls": calls}, finish_reason
     if mode is None or finish_reason == "length":
         return {"role": "assistant", "content": text}, finish_reason
     if mode.startswith("function:"):  # the output *is* the arguments
