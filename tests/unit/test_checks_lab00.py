@@ -246,3 +246,16 @@ def test_goodput_where_only_the_batch_meets_the_slo_passes_and_says_so():
 def test_goodput_where_only_one_at_a_time_meets_the_slo_fails():
     text, ok = _goodput_line(_rounds([0.0, 0.0, 0.0], [0.2, 0.1, 0.3]))
     assert ok is False and "0.00x" not in text and "0.00 vs 0.10" in text
+
+
+def test_rope_in_model_names_a_known_mistake_seen_only_at_the_models_theta(tiny_model):
+    """Right at the check's thetas, theta=10000 at the model's: the model run names the theta mistake."""
+    theta = tiny_model.config.rope_theta
+
+    def fixed_theta_at_the_models(x, positions, th):
+        return good_rope(x, positions, 10000.0 if th == theta else th)
+
+    if theta == 10000.0:
+        pytest.skip("the tiny model uses theta 10000 itself")
+    with pytest.raises(AssertionError, match="you used theta=10000 instead of the `theta` argument"):
+        lab00.check_rope_in_model(tiny_model, _prompt(tiny_model), fixed_theta_at_the_models, n=3)
