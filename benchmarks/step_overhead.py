@@ -37,6 +37,20 @@ def engine_for(model_tok, device: str, batch: int, prompt_len: int, steps: int):
     return LLMEngine(model_tok, cfg, device=device)
 
 
+GOALS = {"host_us_per_step_decode_batch256": 400, "list_tensors_per_step": 2, "syncs_per_step": 1,
+         "aten_calls_per_decode_layer": 20}
+
+
+def goals(rows: list[dict], counts: dict) -> dict:
+    """Issue 49's CPU goals against this run: the worst value over the rows each goal covers."""
+    decode256 = [r["host_us_per_step"] for r in rows if r["batch"] == 256 and not r["arrivals"]]
+    values = {"host_us_per_step_decode_batch256": max(decode256) if decode256 else None,
+              "list_tensors_per_step": max(r["list_tensors_per_step"] for r in rows),
+              "syncs_per_step": max(r["syncs_per_step"] for r in rows),
+              "aten_calls_per_decode_layer": counts["aten_calls_per_decode_layer"]}
+    return {k: {"value": v, "limit": GOALS[k], "met": v is not None and v <= GOALS[k]} for k, v in values.items()}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", required=True, help="where to write the figures")
@@ -68,8 +82,11 @@ def main() -> None:
     counts = aten_calls_per_decode_layer(eng)
     eng.close()
     print(f"aten calls per decode layer (CUDA code path, {args.count_model}): {counts['aten_calls_per_decode_layer']}")
-    out = {"device": args.device, "machine": machine(), "torch_threads": args.threads, "model": args.model, "count_model": args.count_model,
-           "prompt_len": args.prompt_len, "rows": rows, **counts, "load_avg_1m_end": os.getloadavg()[0]}
+    out = {"device": args.device, "machine": machine(), "torch_threads": args.threads, "model": args.model,
+           "count_model": args.count_model, "prompt_len": args.prompt_len, "rows": rows, **counts,
+           "goals": goals(rows, counts), "load_avg_1m_end": os.getloadavg()[0]}
+    for name, g in out["goals"].items():
+        print(f"goal {name}: {g['value']} (limit {g['limit']}) {'met' if g['met'] else 'NOT MET'}")
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     Path(args.json).write_text(json.dumps(out, indent=1) + "\n")
 

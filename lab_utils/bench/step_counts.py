@@ -8,8 +8,8 @@ them exactly for the CUDA code path:
   the decode graph runner's padded static-buffer forward without capture, attention without the CPU-only split);
 - `stub_forward`: the model's forward and lm head replaced by cheap stand-ins, so a step is its host side alone
   (scheduling, metadata, copies, sampling bookkeeping, outputs);
-- `HostCounter`: a `TorchFunctionMode` plus wrappers of `torch.tensor` / `torch.as_tensor` that count list-made
-  tensors and sync calls (`item`, `tolist`, `cpu`, `numpy`, `__int__`/`__float__`/`__bool__` of a tensor,
+- `HostCounter`: a `TorchFunctionMode` plus wrappers of `torch.tensor` / `torch.as_tensor` (of a list) and
+  `torch.from_numpy` that count tensors made from host data (each a host buffer and a copy), and sync calls (`item`, `tolist`, `cpu`, `numpy`, `__int__`/`__float__`/`__bool__` of a tensor,
   `torch.cuda.synchronize`);
 - `aten_calls_per_decode_layer`: a `TorchDispatchMode` over one real decode step, calls inside layers / layers.
 """
@@ -28,18 +28,20 @@ SYNC_METHODS = {"item", "tolist", "cpu", "numpy", "__int__", "__float__", "__boo
 
 
 def cuda_logic_engine(model, max_num_seqs: int, num_blocks: int, **config):
-    """An `LLMEngine` on the CPU whose steps take CUDA's code path: the model itself (no CPU view), no CPU
+    """An `LLMEngine` on the CPU whose steps take CUDA's code path: the fused view a CUDA engine runs, no CPU
     kernels, decode steps through `DecodeGraphRunner` (padded static buffers, `capture=False`), attention
     without the CPU-only split."""
     from lab_utils import EngineConfig, LLMEngine
     from lab_utils.engine.accel.attention_backends import step_attention
     from lab_utils.engine.accel.cuda_graphs import DecodeGraphRunner
+    from lab_utils.engine.accel.device_fused import fuse_for_device
 
     cfg = EngineConfig(max_num_seqs=max_num_seqs, num_gpu_blocks=num_blocks, cpu_kernels=False,
                        cpu_packed_linear=False, cpu_fused_layers=False, cpu_small_m_linear=False,
                        **{"max_num_batched_tokens": max(512, 2 * max_num_seqs), **config})
     eng = LLMEngine(model, cfg, device="cpu")
     r = eng.runner
+    r.model = fuse_for_device(r.model)  # what `fast_linears` gives a CUDA engine
     r.graphs = DecodeGraphRunner(r.model, r.cache, eng.block_size, eng.device, max_num_seqs, eng.max_model_len,
                                  capture=False)
     r.cpu_decode_kernel = False
@@ -98,12 +100,12 @@ class HostCounter(TorchFunctionMode):
         return func(*args, **(kwargs or {}))
 
     def __enter__(self):
-        self._saved = (torch.tensor, torch.as_tensor, torch.cuda.synchronize)
-        tensor, as_tensor, _ = self._saved
+        self._saved = (torch.tensor, torch.as_tensor, torch.from_numpy, torch.cuda.synchronize)
+        tensor, as_tensor, from_numpy, _ = self._saved
 
-        def wrap(make):
+        def wrap(make, kinds):
             def made(data, *a, **k):
-                if isinstance(data, (list, tuple)):
+                if isinstance(data, kinds):
                     self.list_tensors += 1
                     self._site("list")
                 return make(data, *a, **k)
@@ -112,13 +114,15 @@ class HostCounter(TorchFunctionMode):
         def synchronize(*a, **k):
             self.syncs += 1
             self._site("sync")
-            return self._saved[2](*a, **k)
+            return self._saved[3](*a, **k)
 
-        torch.tensor, torch.as_tensor, torch.cuda.synchronize = wrap(tensor), wrap(as_tensor), synchronize
+        # a numpy array made from Python data is the same host buffer + copy as `torch.tensor(list)`
+        torch.tensor, torch.as_tensor = wrap(tensor, (list, tuple)), wrap(as_tensor, (list, tuple))
+        torch.from_numpy, torch.cuda.synchronize = wrap(from_numpy, object), synchronize
         return super().__enter__()
 
     def __exit__(self, *exc):
-        torch.tensor, torch.as_tensor, torch.cuda.synchronize = self._saved
+        torch.tensor, torch.as_tensor, torch.from_numpy, torch.cuda.synchronize = self._saved
         return super().__exit__(*exc)
 
 

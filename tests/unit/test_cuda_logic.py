@@ -39,9 +39,8 @@ class _FakeCuda:
 
     @staticmethod
     def buffers(e) -> dict[str, int]:
-        m = e.meta
-        named = {"input_ids": e.input_ids, "positions": e.positions, "slot_mapping": m.slot_mapping,
-                 "context_slots": m.context_slots, "mask": m.mask}
+        named = {"inputs": e.inputs, "keys": e.keys, "key_block": e.key_block, "key_offset": e.key_offset,
+                 "query_index": e.query_index, "unpad_index": e.unpad_index}
         return {k: t.data_ptr() for k, t in named.items()}
 
     def _forward(self, e):
@@ -129,7 +128,7 @@ def test_fake_replay_catches_a_rebound_static_buffer(tiny, monkeypatch):
     g._entry = lambda b, L: entry(b, L)
     eng.generate(_prompts(1, [5]), SamplingParams(max_tokens=3, temperature=0.0, ignore_eos=True))
     e = next(iter(g.entries.values()))
-    e.meta.mask = e.meta.mask.clone()  # what a careless edit would do
+    e.inputs = e.inputs.clone()  # what a careless edit would do
     with pytest.raises(AssertionError, match="static input buffer moved"):
         e.graph.replay()
 

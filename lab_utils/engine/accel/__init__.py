@@ -8,8 +8,9 @@ with plain PyTorch. This package makes the same steps faster, with the same resu
 - on a CPU: the model's linears packed once for oneDNN and its layers fused (`cpu_view`, `cpu_linear`,
   `cpu_fused`), small C++ kernels (`cpu_kernels`, `csrc/`), decode attention read from the paged cache in place
   (`cpu_attention`), mixed steps split into decode and prefill groups (`split_attention`);
-- on CUDA: FlexAttention over the paged cache (`flex_attention`) and decode steps replayed as CUDA graphs
-  (`cuda_graphs`).
+- on CUDA: the model's layers with q/k/v and gate/up fused and fewer ops per layer (`device_fused`),
+  FlexAttention over the paged cache (`flex_attention`) and decode steps replayed as CUDA graphs from one
+  persistent input buffer per bucket (`cuda_graphs`).
 The core reaches it only through the names below. `EngineConfig`'s CPU switches (`cpu_kernels`,
 `cpu_packed_linear`, `cpu_fused_layers`, `cpu_small_m_linear`; defaults from LAB_CPU_KERNELS=0 etc.) and
 `enforce_eager=True` turn the pieces off for A/B measurements.

@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from lab_utils.engine.accel.cpu_fused import fusable, fuse_layers
+from lab_utils.engine.accel.device_fused import fuse_for_device
 from lab_utils.engine.accel.cpu_linear import PackedLinear, SmallMInt8Linear, packed_linear_available
 from lab_utils.engine.config import EngineConfig, cpu_switch_default
 from lab_utils.quant.linear import Int8Linear, W8A8GroupLinear
@@ -57,13 +58,15 @@ def _versions(model: nn.Module) -> list[int]:
 
 
 def fast_linears(model: nn.Module, device: torch.device, config: EngineConfig | None = None) -> nn.Module:
-    """The model the engine's runner calls: a packed view on CPU (float32, oneDNN present, `cpu_packed_linear`
-    on), with fused layers if `cpu_fused_layers`; the model itself otherwise. The switches (`cpu_small_m_linear`
-    and `cpu_kernels` too) come from `config`, or without one (a draft model, a script) from `EngineConfig`'s
-    defaults. (They are for A/B measurements: benchmarks/engine_step_times.py.)"""
+    """The model the engine's runner calls: on CUDA the fused view (`device_fused`); a packed view on CPU (float32,
+    oneDNN present, `cpu_packed_linear` on), with fused layers if `cpu_fused_layers`; the model itself otherwise.
+    The switches (`cpu_small_m_linear` and `cpu_kernels` too) come from `config`, or without one (a draft model,
+    a script) from `EngineConfig`'s defaults. (They are for A/B measurements: benchmarks/engine_step_times.py.)"""
     def on(name: str) -> bool:
         return cpu_switch_default(name) if config is None else getattr(config, name)
 
+    if device.type == "cuda":
+        return fuse_for_device(model)
     if not on("cpu_packed_linear") or not packed_linear_available(device, model.dtype):
         return model
     switches = (on("cpu_fused_layers"), on("cpu_small_m_linear"), on("cpu_kernels"))

@@ -17,9 +17,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
+import torch.nn.functional as F
 
-from lab_utils.engine.attention import AttentionMetadata, PagedAttention
+from lab_utils.engine.attention import AttentionMetadata, PagedAttention, padded_tables
 from lab_utils.engine.kv.kv_cache import KVCache
 
 MIN_CONTEXT_BUCKET = 256
@@ -81,13 +83,103 @@ def padded_metadata(tables: list[list[int]], ctx_lens: list[int], block_size: in
 
 @dataclass
 class _Entry:
-    """Static buffers of one (batch, context) bucket, and its graph once captured."""
+    """Static buffers of one (batch, context) bucket, and its graph once captured.
 
-    input_ids: torch.Tensor
-    positions: torch.Tensor
-    meta: AttentionMetadata
+    `inputs` is the one buffer a step copies in: token ids [b], positions [b] and block tables [b, nblk], int64
+    side by side (`input_ids`, `positions`, `tables` are views of it). The attention metadata (slots, mask) is
+    computed from it inside the captured forward, so a replay recomputes it on the device."""
+
+    inputs: torch.Tensor
+    keys: torch.Tensor  # [L] key positions 0..L-1
+    key_block: torch.Tensor  # [L] logical block of each key position
+    key_offset: torch.Tensor  # [L] its offset in the block
+    query_index: torch.Tensor  # [b, 1] zeros (decode: one query per row)
+    unpad_index: torch.Tensor  # [b]
     hidden: torch.Tensor | None = None
     graph: object | None = None
+
+    @property
+    def batch(self) -> int:
+        return self.unpad_index.shape[0]
+
+    @property
+    def input_ids(self) -> torch.Tensor:
+        return self.inputs[:self.batch].view(1, -1)
+
+    @property
+    def positions(self) -> torch.Tensor:
+        return self.inputs[self.batch:2 * self.batch].view(1, -1)
+
+    @property
+    def tables(self) -> torch.Tensor:
+        return self.inputs[2 * self.batch:].view(self.batch, -1)
+
+
+def decode_metadata(e: _Entry, block_size: int) -> AttentionMetadata:
+    """A decode step's attention metadata from an entry's static buffers, on the device: the key slots of every
+    row [b, L], the slot of each new token, the mask of keys 0..position."""
+    pos = e.positions[0]
+    context_slots = e.tables.index_select(1, e.key_block) * block_size + e.key_offset
+    slot_mapping = context_slots.gather(1, pos[:, None]).view(-1)
+    mask = (e.keys[None, :] <= pos[:, None]).view(e.batch, 1, 1, -1)
+    return AttentionMetadata(slot_mapping=slot_mapping, context_slots=context_slots, query_index=e.query_index,
+                             unpad_index=e.unpad_index, mask=mask, decode_only=True)
+
+
+class StaticDecodeAttention(PagedAttention):
+    """`PagedAttention` over an entry's static buffers: its metadata is computed on the device (`decode_metadata`)
+    inside the forward a graph records, once per step (`prepare`, or the first layer that attends).
+
+    Over a cache that stores the compute dtype it `takes_token_major`: a model that sets `token_major` hands it
+    q/k/v as [N, H, 1, D] (each decode row its own SDPA batch entry) and it writes and reads the cache through per-layer views, one call each
+    for the K and V writes, the K and V gathers (straight into SDPA's [N, Hkv, L, D]) and SDPA; it returns
+    [N, Hq, 1, D] (the memory of [1, N, Hq, D]). Quantized and fp8 caches take `PagedAttention`'s path."""
+
+    def __init__(self, cache: KVCache, entry: _Entry, block_size: int, views: CacheViews | None = None) -> None:
+        self.cache, self.entry, self.block_size, self._meta = cache, entry, block_size, None
+        self.views = views  # None: the generic path
+        self.takes_token_major = views is not None  # a model that passes [N, H, 1, D] sets `token_major`
+        self.token_major = False
+
+    def prepare(self) -> None:
+        if self._meta is None:
+            m = self._meta = decode_metadata(self.entry, self.block_size)
+            if self.views is not None:  # index [N, 1, L] x [1, Hkv, 1] -> keys [N, Hkv, L, D]
+                self._gather = (m.context_slots[:, None, :], self.views.heads)
+
+    @property
+    def meta(self) -> AttentionMetadata:
+        self.prepare()
+        return self._meta
+
+    def __call__(self, layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        if not self.token_major:
+            return super().__call__(layer_idx, q, k, v)
+        self.prepare()
+        k_in, v_in, k_out, v_out = self.views.layers[layer_idx]
+        k_in.index_copy_(0, self._meta.slot_mapping, k)
+        v_in.index_copy_(0, self._meta.slot_mapping, v)
+        return F.scaled_dot_product_attention(q, k_out[self._gather], v_out[self._gather],
+                                              attn_mask=self._meta.mask, enable_gqa=True)
+
+
+@dataclass
+class CacheViews:
+    """A plain cache's per-layer views, made once: (K, V) as [slots, Hkv, 1, D] to write token-major rows into and
+    as [slots, Hkv, D] to gather from; `heads` [1, Hkv, 1] indexes the KV heads of a gather."""
+
+    layers: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]]
+    heads: torch.Tensor
+    source: torch.Tensor  # the cache's K tensor they view (a closed engine's cache is replaced)
+
+    @classmethod
+    def of(cls, cache: KVCache) -> CacheViews | None:
+        """None for a cache that stores another dtype than it computes in (int8, fp8: `PagedAttention` decodes)."""
+        if cache.quantized or cache.store_dtype != cache.compute_dtype:
+            return None
+        layers = [(k[:, :, None], v[:, :, None], k, v) for k, v in zip(cache.k.unbind(0), cache.v.unbind(0))]
+        heads = torch.arange(cache.k.shape[2], device=cache.k.device).view(1, -1, 1)
+        return cls(layers, heads, cache.k)
 
 
 class DecodeGraphRunner:
@@ -102,6 +194,9 @@ class DecodeGraphRunner:
         self.entries: dict[tuple[int, int], _Entry] = {}
         self.pool = None
         self.num_replays = 0
+        # the host side of every step's one copy: int64, pinned on CUDA (a non-blocking copy), grown on demand
+        self._host = torch.zeros(0, dtype=torch.long)
+        self._views: CacheViews | bool | None = None  # the cache's per-layer views (False: a quantized cache)
 
     def can_run(self, n: int) -> bool:
         return bucket_for(n, self.buckets) is not None
@@ -109,36 +204,48 @@ class DecodeGraphRunner:
     def _entry(self, b: int, L: int) -> _Entry:
         e = self.entries.get((b, L))
         if e is None:
-            z = torch.zeros(1, b, dtype=torch.long, device=self.device)
-            meta = AttentionMetadata(
-                slot_mapping=torch.zeros(b, dtype=torch.long, device=self.device),
-                context_slots=torch.zeros(b, L, dtype=torch.long, device=self.device),
+            nblk = -(-L // self.block_size)
+            keys = torch.arange(L, device=self.device)
+            e = self.entries[(b, L)] = _Entry(
+                inputs=torch.zeros(b * (2 + nblk), dtype=torch.long, device=self.device), keys=keys,
+                key_block=keys // self.block_size, key_offset=keys % self.block_size,
                 query_index=torch.zeros(b, 1, dtype=torch.long, device=self.device),
-                unpad_index=torch.arange(b, device=self.device),
-                mask=torch.zeros(b, 1, 1, L, dtype=torch.bool, device=self.device),
-                decode_only=True,
-            )
-            e = self.entries[(b, L)] = _Entry(z, z.clone(), meta)
+                unpad_index=torch.arange(b, device=self.device))
         return e
 
+    def _host_buffer(self, size: int) -> np.ndarray:
+        """The first `size` entries of the host buffer, as numpy (grown to twice the need when too small)."""
+        if self._host.numel() < size:
+            self._host = torch.zeros(2 * size, dtype=torch.long, pin_memory=self.device.type == "cuda")
+            self._host_np = self._host.numpy()
+        return self._host_np[:size]
+
     def _forward(self, e: _Entry) -> torch.Tensor:
-        return self.model.hidden_states(e.input_ids, e.positions, attention=PagedAttention(self.cache, e.meta))
+        if self._views is None or (self._views and self._views.source is not self.cache.k):
+            self._views = CacheViews.of(self.cache) or False
+        attention = StaticDecodeAttention(self.cache, e, self.block_size, self._views or None)
+        return self.model.hidden_states(e.input_ids, e.positions, attention=attention)
 
     @torch.inference_mode()
     def run(self, ids: list[int], pos: list[int], ctx_lens: list[int], tables: list[list[int]]) -> torch.Tensor:
-        """One decode step of n rows -> hidden states [n, H] (padded to a bucket, replayed if captured)."""
+        """One decode step of n rows -> hidden states [n, H] (padded to a bucket, replayed if captured).
+
+        The host fills one buffer (numpy) and copies it to the entry's static `inputs` once. The copy is
+        non-blocking from pinned memory on CUDA: the host buffer is reused by the next step, after this step's
+        sampled tokens came back (the engine's one sync per step)."""
         n = len(ids)
         b = bucket_for(n, self.buckets)
         if b is None:
             raise ValueError(f"decode step of {n} rows is larger than the largest graph bucket {self.buckets[-1]}")
         L = context_bucket(max(ctx_lens), self.block_size, self.max_model_len)
-        ids, pos, ctx_lens, tables = pad_decode_batch(ids, pos, ctx_lens, tables, b)
-        meta = padded_metadata(tables, ctx_lens, self.block_size, L, self.device)
         e = self._entry(b, L)
-        e.input_ids.copy_(torch.tensor(ids, dtype=torch.long)[None])
-        e.positions.copy_(torch.tensor(pos, dtype=torch.long)[None])
-        for name in ("slot_mapping", "context_slots", "mask"):
-            getattr(e.meta, name).copy_(getattr(meta, name))
+        host = self._host_buffer(e.inputs.numel())
+        host[:n], host[b:b + n] = ids, pos
+        host[n:b], host[b + n:2 * b] = ids[0], pos[0]  # padding rows: copies of row 0 (module docstring)
+        rows = host[2 * b:].reshape(b, -1)
+        rows[:n] = padded_tables(tables, rows.shape[1])
+        rows[n:] = rows[0]
+        e.inputs.copy_(self._host[:e.inputs.numel()], non_blocking=True)
         if not self.capture:
             return self._forward(e)[0, :n]
         if e.graph is None:
