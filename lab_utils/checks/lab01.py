@@ -196,14 +196,14 @@ def claims(r: dict) -> list[Claim]:
     judged where this device's step costs, fitted on them, predict >= 2x (a step's cost grows with its rows, as on a
     CPU); where a step costs about the same whatever its rows (a launch-bound GPU) it is NOT JUDGED, saying so."""
     from lab_utils.checks.claims import need, parts_called
-    from lab_utils.checks.timing import StepCosts, device_condition, judge, step_tokens
+    from lab_utils.checks.timing import StepCosts, device_condition, judge
 
     need(r, "throughput_rounds", "static_steps", "continuous_steps", "mismatch", "static_eq_cont", "calls", "step_logs")
     steps_s, steps_c = r["static_steps"], r["continuous_steps"]
     differing = {name: ids for name, ids in r["mismatch"].items() if ids}
     logs = r["step_logs"]
     costs = StepCosts.fit([logs["static"], logs["continuous"]])
-    predicted = costs.total(step_tokens(logs["static"])) / costs.total(step_tokens(logs["continuous"]))
+    predicted = costs.run_seconds(logs["static"]) / costs.run_seconds(logs["continuous"])
     return [
         device_condition(
             judge("continuous batching gives >= 2x the output throughput of static batching on this workload",

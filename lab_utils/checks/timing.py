@@ -118,48 +118,78 @@ DEVICE_MARGIN = 1.15  # the predicted ratio must clear the bar by this factor fo
 
 
 @dataclass(frozen=True)
-class StepCosts:
-    """An engine step's cost on this device as `fixed_s + per_token_s * tokens` (tokens computed, padding rows
-    included), fitted by least squares on the steps of one or more step logs (`LLMEngine.step_log`)."""
+class Line:
+    """Seconds of a step as `fixed_s + per_token_s * tokens`, fitted by least squares (slope >= 0)."""
 
     fixed_s: float
     per_token_s: float
+
+    @classmethod
+    def fit(cls, pts: Sequence[tuple[int, float]]) -> Line:
+        """Fit on (tokens, seconds) points; one size only: its mean, flat."""
+        n = len(pts)
+        mx, my = sum(x for x, _ in pts) / n, sum(y for _, y in pts) / n
+        sxx = sum((x - mx) ** 2 for x, _ in pts)
+        if sxx == 0:
+            return cls(my, 0.0)
+        slope = max(0.0, sum((x - mx) * (y - my) for x, y in pts) / sxx)
+        fixed = my - slope * mx
+        if fixed < 0:  # a step cannot cost less than nothing: a line through the origin
+            return cls(0.0, sum(x * y for x, y in pts) / sum(x * x for x, _ in pts))
+        return cls(fixed, slope)
+
+    def cost(self, tokens: float) -> float:
+        return self.fixed_s + self.per_token_s * tokens
+
+
+def is_decode_only(step: Mapping) -> bool:
+    """A step whose every request computed one token (no prompt token): a GPU may replay it as a CUDA graph,
+    while a step with prompt tokens runs eagerly, at another cost."""
+    return bool(step.get("requests")) and all(n == 1 for _, n in step["requests"])
+
+
+@dataclass(frozen=True)
+class StepCosts:
+    """An engine step's cost on this device, fitted on the steps of one or more step logs (`LLMEngine.step_log`)
+    by least squares, one line per step kind: steps with prompt tokens (`prompt`, seconds per token computed) and
+    decode-only steps (`decode`, seconds per row, padding rows included), since a GPU runs the two differently
+    (eager vs CUDA graphs). A kind the logs lack takes the other's line."""
+
+    prompt: Line
+    decode: Line
     num_steps: int
     max_tokens: int
 
     @classmethod
     def fit(cls, logs: Iterable[Sequence[Mapping]]) -> StepCosts:
-        """Fit on the steps of `logs` (each step: `start`, `end`, `num_tokens`, optional `num_padding`)."""
-        pts = [(s["num_tokens"] + s.get("num_padding", 0), s["end"] - s["start"]) for log in logs for s in log]
-        if len(pts) < 2 or len({x for x, _ in pts}) < 2:
-            raise ValueError(f"fitting step costs needs steps of at least two sizes, got {len(pts)} steps of "
-                             f"{sorted({x for x, _ in pts})} tokens: pass the step logs of the measured runs")
-        n = len(pts)
-        mx, my = sum(x for x, _ in pts) / n, sum(y for _, y in pts) / n
-        sxx = sum((x - mx) ** 2 for x, _ in pts)
-        slope = max(0.0, sum((x - mx) * (y - my) for x, y in pts) / sxx)
-        fixed = my - slope * mx
-        if fixed < 0:  # a step cannot cost less than nothing: a line through the origin
-            fixed, slope = 0.0, sum(x * y for x, y in pts) / sum(x * x for x, _ in pts)
-        return cls(fixed, slope, n, max(x for x, _ in pts))
+        """Fit on the steps of `logs` (each step: `start`, `end`, `num_tokens`, `requests`, optional
+        `num_padding`)."""
+        steps = [s for log in logs for s in log]
+        pts = {kind: [(s["num_tokens"] + s.get("num_padding", 0), s["end"] - s["start"]) for s in steps
+                      if is_decode_only(s) == (kind == "decode")] for kind in ("prompt", "decode")}
+        sizes = {x for kind in pts.values() for x, _ in kind}
+        if len(steps) < 2 or len(sizes) < 2:
+            raise ValueError(f"fitting step costs needs steps of at least two sizes, got {len(steps)} steps of "
+                             f"{sorted(sizes)} tokens: pass the step logs of the measured runs")
+        lines = {kind: Line.fit(p) for kind, p in pts.items() if p}
+        return cls(lines.get("prompt", lines.get("decode")), lines.get("decode", lines.get("prompt")), len(steps),
+                   max(sizes))
 
-    def cost(self, tokens: float) -> float:
-        """Predicted seconds of a step computing `tokens` tokens."""
-        return self.fixed_s + self.per_token_s * tokens
+    def cost(self, tokens: float, decode_only: bool = False) -> float:
+        """Predicted seconds of a step computing `tokens` tokens (rows, for a decode-only step)."""
+        return (self.decode if decode_only else self.prompt).cost(tokens)
 
-    def total(self, steps: Iterable[float]) -> float:
-        """Predicted seconds of a run whose steps compute these token counts."""
-        return sum(self.cost(t) for t in steps)
+    def run_seconds(self, log: Sequence[Mapping]) -> float:
+        """Predicted seconds of the steps of a step log, each at its kind's cost."""
+        return sum(self.cost(s["num_tokens"] + s.get("num_padding", 0), is_decode_only(s)) for s in log)
 
     def describe(self) -> str:
-        """'a step costs 41.2 ms + 0.3 us per token (fitted on 112 steps of up to 512 tokens)'."""
-        return (f"a step costs {self.fixed_s * 1e3:.2f} ms + {self.per_token_s * 1e6:.2f} us per token (fitted on "
+        """'a step with prompt tokens costs 98.10 ms + 0.05 us per token, a decode-only one 5.20 ms + ... per row
+        (fitted on 112 steps of up to 512 tokens)'."""
+        p, d = self.prompt, self.decode
+        return (f"a step with prompt tokens costs {p.fixed_s * 1e3:.2f} ms + {p.per_token_s * 1e6:.2f} us per token, "
+                f"a decode-only step {d.fixed_s * 1e3:.2f} ms + {d.per_token_s * 1e6:.2f} us per row (fitted on "
                 f"{self.num_steps} steps of up to {self.max_tokens} tokens)")
-
-
-def step_tokens(log: Sequence[Mapping]) -> list[int]:
-    """Tokens each step of a step log computed, padding rows included."""
-    return [s["num_tokens"] + s.get("num_padding", 0) for s in log]
 
 
 def device_condition(claim: tuple[str, bool | None], predicted: float, bar: float, costs: StepCosts,

@@ -246,10 +246,11 @@ def test_every_setting_has_the_time_of_the_tasks_each_model_serves():
         assert p.time_s == pytest.approx(small.wall_s + sent * target.wall_s)
 
 
-def test_on_a_launch_bound_device_the_session_ttft_claim_is_not_judged_never_a_false_fail():
+@pytest.mark.parametrize("profile", ["launch", "gpu"])
+def test_on_a_launch_bound_device_the_session_ttft_claim_is_not_judged_never_a_false_fail(profile):
     """Flat step costs: 72 and 240 prompt tokens are one prefill step each, ~1x sooner; the claim says why. The
     compressor's claim (a scoring pass and a prefill against one prefill) holds on any device and stays judged."""
-    r = _contexts_r("launch")
+    r = _contexts_r(profile)
     r["ttft_s"] = {"full": [0.124, 0.121], "last": [0.121, 0.122], "session": [0.12, 0.123],
                    "compressed": [0.245, 0.241]}  # what such a device measures: 4 turns of one 30 ms step each
     claims = dict(lab15.contexts_claims(r))

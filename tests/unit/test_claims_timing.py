@@ -64,22 +64,30 @@ def test_step_costs_fit_recovers_both_profiles():
     from tests.unit import step_profiles
 
     tokens = [1, 4, 9, 32, 64, 128, 256, 512] * 3
-    cpu = StepCosts.fit([step_profiles.log(tokens, "cpu")])
-    assert cpu.fixed_s == pytest.approx(1e-3, rel=0.5) and cpu.per_token_s == pytest.approx(4e-4, rel=0.05)
-    flat = StepCosts.fit([step_profiles.log(tokens, "launch")])
-    assert flat.fixed_s == pytest.approx(0.03, rel=0.03) and flat.cost(512) / flat.cost(1) < 1.05
-    assert "per token (fitted on 24 steps of up to 512 tokens)" in flat.describe()
+    decode = [n <= 32 for n in tokens]
+    cpu = StepCosts.fit([step_profiles.log(tokens, "cpu", decode=decode)])
+    for line in (cpu.prompt, cpu.decode):
+        assert line.fixed_s < 6e-3 and line.per_token_s == pytest.approx(4e-4, rel=0.1)  # 3 % jitter on 0.2 s
+    flat = StepCosts.fit([step_profiles.log(tokens, "launch", decode=decode)])
+    assert flat.cost(512) / flat.cost(64) < 1.05 and flat.cost(32, True) / flat.cost(1, True) < 1.05
+    assert flat.prompt.fixed_s == pytest.approx(0.03, rel=0.03)
+    gpu = StepCosts.fit([step_profiles.log(tokens, "gpu", decode=decode)])  # two kinds, two costs
+    assert gpu.cost(64) == pytest.approx(0.1, rel=0.05) and gpu.cost(8, True) == pytest.approx(0.005, rel=0.1)
+    assert "decode-only step" in gpu.describe() and "(fitted on 24 steps of up to 512 tokens)" in gpu.describe()
+    only_prompts = StepCosts.fit([step_profiles.log([n for n in tokens if n > 1], "cpu")])  # a kind the logs
+    # lack takes the other's (a one-token prompt chunk reads as a decode row: not among these)
+    assert only_prompts.decode == only_prompts.prompt
     with pytest.raises(ValueError, match="at least two sizes"):
         StepCosts.fit([step_profiles.log([8, 8, 8], "cpu")])
 
 
 def test_device_condition_judges_only_a_prediction_that_clears_the_bar_with_a_margin():
-    from lab_utils.checks.timing import DEVICE_MARGIN, StepCosts, device_condition
+    from lab_utils.checks.timing import DEVICE_MARGIN, Line, StepCosts, device_condition
 
-    costs = StepCosts(0.03, 0.0, 10, 512)
+    costs = StepCosts(Line(0.03, 0.0), Line(0.03, 0.0), 10, 512)
     assert device_condition(("x >= 2x", False), 2 * DEVICE_MARGIN, 2.0, costs, "growth") == ("x >= 2x", False)
     text, ok = device_condition(("x >= 2x", False), 1.9 * DEVICE_MARGIN, 2.0, costs, "a cost that grows")
-    assert ok is None and "NOT JUDGED: on this device a step costs 30.00 ms" in text and "a cost that grows" in text
+    assert ok is None and "NOT JUDGED: on this device a step with prompt tokens costs 30.00 ms" in text and "a cost that grows" in text
 
 
 def test_launch_bound_steps_make_a_real_engines_step_cost_flat_and_lab01s_claim_says_so():
@@ -111,7 +119,9 @@ def test_launch_bound_steps_make_a_real_engines_step_cost_flat_and_lab01s_claim_
             seconds[sched] = logs[sched][-1]["end"] - logs[sched][0]["start"]
     costs = StepCosts.fit(logs.values())
     assert all(s["end"] - s["start"] >= floor for log in logs.values() for s in log)
-    assert costs.fixed_s >= 0.9 * floor and costs.cost(costs.max_tokens) < 1.5 * costs.cost(1), costs.describe()
+    for decode_only in (False, True):
+        cheapest, dearest = costs.cost(1, decode_only), costs.cost(costs.max_tokens, decode_only)
+        assert cheapest >= 0.9 * floor and dearest < 1.5 * cheapest, costs.describe()
     r = dict(throughput_rounds=[seconds["static"] / seconds["continuous"]], static_steps=len(logs["static"]),
              continuous_steps=len(logs["continuous"]), mismatch={}, static_eq_cont=True,
              calls={name: 1 for name in lab01.CONTINUOUS_RUN_PARTS}, step_logs=logs)
