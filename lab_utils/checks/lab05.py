@@ -104,6 +104,10 @@ def _weights(gen: torch.Generator) -> torch.Tensor:
     return w
 
 
+# dequantize_int8 is checked with the INT8 quantizer but is no engine part (Int8Linear multiplies by the scale itself)
+DEQUANT_INT8 = "dequantize_int8 (lab 05, an exercise kept in the notebook: not an engine part)"
+
+
 @checks_part("quant.quantize_per_channel_int8")
 def check_int8_per_channel(quantize_fn: Callable, dequantize_fn: Callable, seed: int | None = None) -> None:
     """`quantize_fn(w [out, in]) -> (q int8 [out, in], scale [out, 1])` (symmetric, ±127, one scale per row);
@@ -166,15 +170,15 @@ def check_int8_per_channel(quantize_fn: Callable, dequantize_fn: Callable, seed:
             raise AssertionError(f"q[{r}, {c}] = {int(q[r, c])} but w/scale = {x:.4f} should round to {int(ref.q[r, c])}{hint}")
         w_hat = dequantize_fn(ref.q.clone(), ref.scale.clone())
         if not isinstance(w_hat, torch.Tensor) or w_hat.shape != w.shape:
-            raise AssertionError(f"dequantize_fn should return a tensor of shape {tuple(w.shape)}, got "
+            raise AssertionError(f"{DEQUANT_INT8}: dequantize_fn should return a tensor of shape {tuple(w.shape)}, got "
                                  f"{tuple(w_hat.shape) if isinstance(w_hat, torch.Tensor) else type(w_hat).__name__}")
         if w_hat.dtype != torch.float32:
-            raise AssertionError(f"dequantize_fn returned dtype {w_hat.dtype}; return float32 values")
+            raise AssertionError(f"{DEQUANT_INT8}: dequantize_fn returned dtype {w_hat.dtype}; return float32 values")
         expected = ref.dequantize()
         wrong = ~torch.isclose(w_hat, expected, rtol=1e-6, atol=1e-12)
         if wrong.any():
             r, c = (int(i) for i in wrong.nonzero()[0])
-            raise AssertionError(f"dequantize: element [{r}, {c}] is {w_hat[r, c].item():.6g}, expected "
+            raise AssertionError(f"{DEQUANT_INT8}: dequantize: element [{r}, {c}] is {w_hat[r, c].item():.6g}, expected "
                                  f"{expected[r, c].item():.6g} (q = {int(ref.q[r, c])}, scale = {ref.scale[r, 0].item():.6g})")
         err = (w - w_hat).abs()
         if (err > ref.scale / 2 * (1 + 1e-5) + 1e-12).any():  # holds when the above passed; kept as the stated bound

@@ -8,6 +8,7 @@ before the case and the cause. The exception keeps its class and attributes (a c
 from __future__ import annotations
 
 import contextlib
+import re
 from collections.abc import Iterator
 
 from lab_utils.course.parts import PARTS
@@ -32,8 +33,8 @@ def names_part(*names: str) -> Iterator[None]:
         yield
     except AssertionError as err:
         text = label(*names)
-        if str(err).startswith(text) or f"your {names[0]} (lab" in str(err):
-            raise
+        if re.match(r"[\w.]+ \(lab \d\d", str(err)) or f"your {names[0]} (lab" in str(err):
+            raise  # already names a part or an exercise, its lab and where it lives
         try:
             named = type(err)(f"{text}: {err}")
         except Exception:  # noqa: BLE001 - an AssertionError subclass with another constructor
