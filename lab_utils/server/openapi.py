@@ -77,9 +77,11 @@ def publish(spec: dict, vocab_size: int) -> dict:
     for name in ("CompletionRequest", "ChatRequest"):
         bias = schemas[name]["properties"]["logit_bias"]["anyOf"][0]
         bias["propertyNames"] = {"pattern": below(vocab_size)}
-    for branch in schemas["CompletionRequest"]["properties"]["prompt"]["anyOf"]:
-        if branch.get("type") == "array":
-            branch["items"].update(minimum=0, maximum=vocab_size - 1)
+    for branch in schemas["CompletionRequest"]["properties"]["prompt"]["anyOf"]:  # [ids] and [[ids], ...]
+        items = branch.get("items", {})
+        ids = items.get("items", {}) if items.get("type") == "array" else items
+        if ids.get("type") == "integer":
+            ids.update(minimum=0, maximum=vocab_size - 1)
     schemas.update(RESPONSES)
     paths = spec["paths"]
     for (path, method), name in ANSWERS.items():
