@@ -1,14 +1,15 @@
 """One generation request's answer, in OpenAI's shapes: a whole body, or server-sent event chunks.
 
 `complete` queues the checked request and answers it: a stream (`sse`: the chunks' text adds up to the body's
-text) or, once the request ends, one JSON body. A completion with several prompts is one engine request per
-prompt, answered as one choice each (`index`: the prompt's place in the list; their chunks interleave in a
-stream, and the usage is their sum). A client that leaves first has its requests aborted at once, so their KV
+text) or, once the request ends, one JSON body. A completion with several prompts, or `n` > 1, is one engine
+request per choice, `index` = prompt index * n + i as in OpenAI's and vLLM's answers (with a seed, choice i
+samples with seed + i, as vLLM's); their chunks interleave in a stream, and the usage is their sum. A client that leaves first has its requests aborted at once, so their KV
 blocks go back to the pool, streamed or not.
 """
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import time
 import uuid
@@ -18,7 +19,7 @@ from fastapi import Request
 from fastapi.responses import Response, StreamingResponse
 
 from lab_utils.engine.request import RequestOutput
-from lab_utils.engine.sampling_params import SamplingParams
+from lab_utils.engine.sampling_params import SEED_RANGE, SamplingParams
 from lab_utils.server.async_engine import EngineDeadError, Stream
 from lab_utils.server.errors import APIError
 from lab_utils.server.frontend import Frontend, grammar_param
@@ -32,16 +33,17 @@ from lab_utils.structured.hook import DEAD_END
 
 async def complete(fe: Frontend, raw: Request, prompts: list[list[int]], params: SamplingParams, kind: str,
                    req: CommonFields, param: str, mode: str | None = None, tools: list[Tool] | None = None,
-                   echo: list[str] | None = None):
-    """`prompts` the token ids of each prompt (chat: one; a completion: one choice per prompt); `kind` "chat" or
+                   echo: list[str] | None = None, n: int = 1):
+    """`prompts` the token ids of each prompt (chat: one; a completion: n choices per prompt); `kind` "chat" or
     "text"; `param` the field the prompts came from (named by its errors); `mode` the tool mode
-    (tools.tool_mode); `echo`: each prompt's text, put before its completion (its logprobs too, if asked)."""
+    (tools.tool_mode); `echo`: each prompt's text, put before its completions (their logprobs too, if asked)."""
     if req.stream_options is not None and not req.stream:
         raise APIError(400, "stream_options is only allowed with stream: true", param="stream_options")
-    handles = await submit_all(fe, prompts, params, param)
+    echoes = [e for e in echo or [None] * len(prompts) for _ in range(n)]
+    prompts = [ids for ids in prompts for _ in range(n)]  # choice k: prompt k // n, sample k % n
+    handles = await submit_all(fe, prompts, [nth_sample(params, k % n) for k in range(len(prompts))], param, n)
     rid, created = f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{uuid.uuid4().hex[:16]}", int(time.time())
     grammar = grammar_param(mode) if params.structured_output is not None else None
-    echoes = echo or [None] * len(prompts)
     if req.stream:
         chunks = [Chunks(fe, kind, rid, created, params.stop, grammar, e, req, ids, mode, tools, index=i)
                   for i, (ids, e) in enumerate(zip(prompts, echoes))]
@@ -50,7 +52,7 @@ async def complete(fe: Frontend, raw: Request, prompts: list[list[int]], params:
     if finals is None:  # the client left: its requests were aborted, their KV blocks are free
         return Response(status_code=499)
     for i, final in enumerate(finals):
-        where = f"{param}[{i}]: " if len(finals) > 1 else ""
+        where = f"{param}[{i // n}]: " if len(finals) > n else ""
         if final.finish_reason == DEAD_END:
             raise APIError(400, f"{where}{grammar}: {final.finish_reason}", param=grammar, code="grammar_dead_end")
         if final.finish_reason and final.finish_reason.startswith("error"):
@@ -74,18 +76,27 @@ async def complete(fe: Frontend, raw: Request, prompts: list[list[int]], params:
     return body
 
 
-async def submit_all(fe: Frontend, prompts: list[list[int]], params: SamplingParams, param: str) -> list[Stream]:
-    """Queue one engine request per prompt; if any is refused, those already queued are aborted and the refusal
+def nth_sample(params: SamplingParams, i: int) -> SamplingParams:
+    """The params of a prompt's choice i: its own seed, seed + i (vLLM's rule; wrapped into int64)."""
+    if i == 0 or params.seed is None:
+        return params
+    lo, span = SEED_RANGE[0], SEED_RANGE[1] - SEED_RANGE[0] + 1
+    return dataclasses.replace(params, seed=(params.seed + i - lo) % span + lo)
+
+
+async def submit_all(fe: Frontend, prompts: list[list[int]], params: list[SamplingParams], param: str,
+                     n: int = 1) -> list[Stream]:
+    """Queue one engine request per choice; if any is refused, those already queued are aborted and the refusal
     names the prompt (`prompt[1]: ...`) when there are several."""
     handles: list[Stream] = []
     try:
-        for ids in prompts:
-            handles.append(await fe.submit(ids, params, param))
+        for ids, p in zip(prompts, params):
+            handles.append(await fe.submit(ids, p, param))
     except BaseException as exc:
         for h in handles:
             fe.aengine.abort(h.request_id)
-        if isinstance(exc, APIError) and len(prompts) > 1:
-            exc.message = f"{param}[{len(handles)}]: {exc.message}"
+        if isinstance(exc, APIError) and len(prompts) > n:
+            exc.message = f"{param}[{len(handles) // n}]: {exc.message}"
         raise
     return handles
 

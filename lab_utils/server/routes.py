@@ -55,10 +55,10 @@ async def models(served: Models):
 async def completions(req: CompletionRequest, raw: Request, served: Models):
     fe = served.pick(req.model)
     params = fe.to_params(req, req.max_tokens, await fe.constraint(req))
-    prompts = req.prompts()  # one choice each, in order
+    prompts = req.prompts()  # n choices each, in order
     ids = [await fe.token_ids(p, "prompt") for p in prompts]
     echo = [p if isinstance(p, str) else fe.prompt_text(i) for p, i in zip(prompts, ids)] if req.echo else None
-    return await complete(fe, raw, ids, params, "text", req, "prompt", echo=echo)
+    return await complete(fe, raw, ids, params, "text", req, "prompt", echo=echo, n=req.n)
 
 
 @router.post("/v1/chat/completions")

@@ -114,7 +114,8 @@ class CommonFields(BaseModel):
         return out
 
 
-MAX_PROMPTS = 256  # prompts in one /v1/completions request (each is a request of the engine's queue)
+MAX_PROMPTS = 256  # choices in one /v1/completions request: prompts x n (each is a request of the engine's queue)
+MAX_N = 16  # choices per prompt
 PromptText = Annotated[str, StringConstraints(min_length=1)]
 PromptIds = Annotated[list[TokenId], Field(min_length=1)]
 
@@ -127,6 +128,8 @@ class CompletionRequest(CommonFields):
                                        "k most likely (0-5)")
     echo: bool = Field(default=False, description="the prompt (and its logprobs) before the completion")
     top_logprobs: Unsupported = None  # chat's field: here `logprobs` is the count
+    n: json_int(ge=1, le=MAX_N) = Field(default=1, description="choices per prompt (with a seed, choice i samples "
+                                        "with seed + i, as vLLM)")
 
     @field_validator("prompt", mode="before")
     @classmethod
@@ -155,6 +158,15 @@ class CompletionRequest(CommonFields):
                 raise ValueError(f"mixes kinds of prompt: {shapes}")
         if isinstance(v[0], (str, list)) and len(v) > MAX_PROMPTS:
             raise ValueError(f"has {len(v)} prompts; this server takes at most {MAX_PROMPTS} in one request")
+        return v
+
+    @field_validator("prompt")
+    @classmethod
+    def _choices_bounded(cls, v, info: ValidationInfo):
+        count, n = (len(v) if isinstance(v, list) and isinstance(v[0], (str, list)) else 1), info.data.get("n", 1)
+        if count * n > MAX_PROMPTS:
+            raise ValueError(f"n={n} choices for each of {count} prompts is more than this server's {MAX_PROMPTS} "
+                             f"choices per request; send fewer prompts or a smaller n")
         return v
 
     def prompts(self) -> list[str | list[int]]:

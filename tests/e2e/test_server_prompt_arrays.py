@@ -112,3 +112,26 @@ def test_a_client_that_leaves_a_streamed_list_aborts_every_prompt(server):
     start = time.time()
     wait_idle(server.engine, timeout=5)  # 2 x 2000 tokens would take far longer than 5 s
     assert time.time() - start < 5
+
+
+def test_n_choices_per_prompt_are_indexed_prompt_times_n_plus_i_with_seeds_seed_plus_i(server):
+    """OpenAI's and vLLM's order (index = prompt_index * n + i); with a seed, choice i samples as the prompt
+    alone would with seed + i (vLLM's rule), so the n choices differ yet each can be reproduced."""
+    texts, n, seed = ["The capital of France", "one two three"], 3, 11
+    kw = dict(temperature=1.0, max_tokens=MAX_TOKENS, extra_body={"ignore_eos": True, "return_token_ids": True})
+    r = server.client.completions.create(model=MODEL, prompt=texts, n=n, seed=seed, **kw)
+    assert [c.index for c in r.choices] == list(range(len(texts) * n))
+    for k, choice in enumerate(r.choices):
+        text, i = texts[k // n], k % n
+        assert choice.model_extra["prompt_token_ids"] == _ids(server, text)
+        alone = server.client.completions.create(model=MODEL, prompt=text, seed=seed + i, **kw)
+        assert choice.model_extra["token_ids"] == alone.choices[0].model_extra["token_ids"], (k, text, i)
+    assert r.usage.completion_tokens == MAX_TOKENS * len(texts) * n
+    assert r.usage.prompt_tokens == n * sum(len(_ids(server, t)) for t in texts)
+
+
+def test_streamed_n_choices_each_end_with_their_own_finish(server):
+    chunks = list(server.client.completions.create(model=MODEL, prompt="The capital of France", n=2, stream=True,
+                                                   **GREEDY))
+    finishes = {c.choices[0].index: c.choices[0].finish_reason for c in chunks if c.choices[0].finish_reason}
+    assert finishes == {0: "length", 1: "length"}
