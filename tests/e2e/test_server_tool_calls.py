@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 
 import pytest
-import torch
 from _server_utils import KEY, MODEL, UvicornThread, tiny_engine
 
 pytest.importorskip("xgrammar")
