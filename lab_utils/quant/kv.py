@@ -7,12 +7,16 @@ For SmolLM2-135M (30 layers, 3 KV heads of 64): 11,520 elements per token, 45 Ki
 
 `kv_quant_attention(kind)` returns an attention callable for `model(ids, attention=...)` that rounds K and V
 to the cache format before attending: the accuracy cost of a quantized cache, measurable without an engine.
-- "fp16"/"bf16": plain casts. "fp8_e4m3"/"fp8_e5m2": cast with a per-tensor scale (1.0 by default, as vLLM
-  does when no calibrated scale is given; values beyond ±max saturate).
+- "fp16"/"bf16": plain casts. "fp8_e4m3"/"fp8_e5m2": x stored as fp8(x / scale), one scale for K and one for V
+  per layer (vLLM's `k_scale`/`v_scale`: 1.0 unless the checkpoint brings calibrated ones). Values beyond
+  ±max × scale saturate (E4M3: 448, it has no infinity). `kv_amax_per_layer` and `kv_scales_from_amax` compute
+  per-layer scales from data, each layer's largest |K| and |V| mapped to the format's max.
 - "int8": symmetric, one scale per (token, head) vector, stored in fp32 next to it (4 bytes per head_dim values),
   as the engine's cache stores it.
 """
 from __future__ import annotations
+
+from collections.abc import Mapping
 
 import torch
 
@@ -58,11 +62,68 @@ def quantize_kv(x: torch.Tensor, kind: str, fp8_scale: float = 1.0) -> torch.Ten
     return (fmt.round_tensor(x.float() / fp8_scale, saturate=True) * fp8_scale).to(x.dtype)
 
 
-def kv_quant_attention(kind: str, fp8_scale: float = 1.0):
-    """An attention callable that stores K/V in `kind` and attends over the rounded values (queries stay float)."""
+def kv_quant_attention(kind: str, fp8_scale: float | Mapping[int, tuple[float, float]] = 1.0):
+    """An attention callable that stores K/V in `kind` and attends over the rounded values (queries stay float).
+    `fp8_scale`: one scale for every K and V, or per layer {layer: (k_scale, v_scale)} (`kv_scales_from_amax`)."""
     _kind(kind)
+    if isinstance(fp8_scale, Mapping):
+        bad = {i: s for i, s in fp8_scale.items() if len(s) != 2 or not all(x > 0 for x in s)}
+    else:
+        bad = {} if fp8_scale > 0 else {"all": fp8_scale}
+    if bad:
+        raise ValueError(f"fp8 KV scales must be positive, (k_scale, v_scale) per layer; got {bad}")
 
     def attention(layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        return dense_causal_attention(layer_idx, q, quantize_kv(k, kind, fp8_scale), quantize_kv(v, kind, fp8_scale))
+        if isinstance(fp8_scale, Mapping):
+            if layer_idx not in fp8_scale:
+                raise ValueError(f"no fp8 KV scales for layer {layer_idx}: the scales cover layers "
+                                 f"{sorted(fp8_scale)}; compute them on this model (kv_scales_from_amax)")
+            ks, vs = fp8_scale[layer_idx]
+        else:
+            ks = vs = fp8_scale
+        return dense_causal_attention(layer_idx, q, quantize_kv(k, kind, ks), quantize_kv(v, kind, vs))
 
     return attention
+
+
+@torch.no_grad()
+def kv_amax_per_layer(model, ids: torch.Tensor) -> dict[int, tuple[float, float]]:
+    """{layer: (largest |K|, largest |V|)} over the tokens `ids` [N, T] (a calibration pass, full precision)."""
+    amax: dict[int, tuple[float, float]] = {}
+
+    def record(layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        k0, v0 = amax.get(layer_idx, (0.0, 0.0))
+        amax[layer_idx] = (max(k0, float(k.abs().max())), max(v0, float(v.abs().max())))
+        return dense_causal_attention(layer_idx, q, k, v)
+
+    model(ids, attention=record)
+    return amax
+
+
+def kv_scales_from_amax(amax: Mapping[int, tuple[float, float]], kind: str = "fp8") -> dict[int, tuple[float, float]]:
+    """Per-layer (k_scale, v_scale) that map each layer's largest |K| and |V| to the format's largest value, so
+    nothing seen in calibration saturates (an all-zero tensor keeps 1.0)."""
+    k = _kind(kind)
+    if k not in _FORMATS:
+        raise ValueError(f"kv cache dtype {kind!r} has no per-tensor scale; use 'fp8' or 'fp8_e5m2'")
+    top = FLOAT_FORMATS[_FORMATS[k]].max_value
+    return {i: tuple(a / top if a > 0 else 1.0 for a in kv) for i, kv in amax.items()}
+
+
+@torch.no_grad()
+def kv_saturation(model, ids: torch.Tensor, scales: float | Mapping[int, tuple[float, float]],
+                  kind: str = "fp8") -> tuple[float, float]:
+    """The shares of K and of V values over `ids` that the scales cannot hold (|x| > max × scale): an fp8 cache
+    stores them as ±max."""
+    top = FLOAT_FORMATS[_FORMATS[_kind(kind)]].max_value
+    counts = [0, 0, 0]  # K beyond, V beyond, values per tensor
+
+    def record(layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        ks, vs = scales[layer_idx] if isinstance(scales, Mapping) else (scales, scales)
+        counts[0] += int((k.abs() > top * ks).sum())
+        counts[1] += int((v.abs() > top * vs).sum())
+        counts[2] += k.numel()
+        return dense_causal_attention(layer_idx, q, k, v)
+
+    model(ids, attention=record)
+    return counts[0] / counts[2], counts[1] / counts[2]
