@@ -91,6 +91,10 @@ def _clean(md: str) -> str:
     return re.sub(r"\n{3,}", "\n\n", "\n".join(lines)).strip()
 
 
+# plays no trained model sees (the draft's distillation, lab 07's heads): the held-out half of every evaluation
+HELDOUT_PLAYS = ("hamlet", "the_tempest", "twelfth_night")
+
+
 @lru_cache(maxsize=1)
 def shakespeare_texts() -> tuple[tuple[str, str], ...]:
     """(play name, cleaned text) for every play."""

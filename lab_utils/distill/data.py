@@ -11,6 +11,8 @@ import hashlib
 import random
 from dataclasses import dataclass
 
+from lab_utils.bench.workload import HELDOUT_PLAYS  # never trained on
+
 QUESTION_TEMPLATES = (
     "Tell me about {t}.",
     "What is {t}?",
@@ -19,7 +21,6 @@ QUESTION_TEMPLATES = (
     "Give me three facts about {t}.",
     "Why is {t} important?",
 )
-HELDOUT_PLAYS = ("hamlet", "the_tempest", "twelfth_night")  # never trained on
 
 
 @dataclass(frozen=True)

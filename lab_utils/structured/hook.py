@@ -44,7 +44,6 @@ from typing import Callable
 
 import torch
 
-from lab_utils.engine.hooks import StepBatch, StepHook
 from lab_utils.structured.params import StructuredOutputParams
 from lab_utils.structured.schema import ServerLimit, Unsatisfiable, prepare_schema
 
@@ -191,12 +190,14 @@ class GrammarCompiler:
         return self.xgr.GrammarMatcher(compiled)
 
 
-class StructuredOutputs(StepHook):
+class StructuredOutputs:
     """The engine's structured-output hook: one matcher per constrained request, bitmasks per step.
 
-    As a `StepHook`: `validate` compiles (in add_request: a bad schema is a ValueError there), `add` makes the
-    request's matcher, `filter_guesses` cuts speculative guesses, `plan` starts filling this step's masks before
-    the forward, `mask` applies them after it, `accept` advances the matcher per emitted token, `release`."""
+    It answers every method of the engine's `StepHook` (`lab_utils.engine.hooks`) by name; this package imports
+    nothing of the engine, which builds the hook (`engine/features.py`). `validate` compiles (in add_request: a
+    bad schema is a ValueError there), `add` makes the request's matcher, `filter_guesses` cuts speculative
+    guesses, `plan` starts filling this step's masks before the forward, `mask` applies them after it, `pick`
+    leaves the tokens to the sampler, `accept` advances the matcher per emitted token, `release`."""
 
     def __init__(self, tokenizer, vocab_size: int, stop_token_ids, mask_fn: MaskFn | None = None,
                  advance_fn: AdvanceFn | None = None, overlap: bool = True) -> None:
@@ -280,11 +281,21 @@ class StructuredOutputs(StepHook):
         return type(prop)(prop.token_ids[:keep], None if prop.probs is None else prop.probs[:keep])
 
     # -- one step ---------------------------------------------------------------------------------------
-    def plan(self, batch: StepBatch) -> None:
+    def plan(self, batch) -> None:
+        """Before the forward (`batch`: the engine's `StepBatch`): start filling the masks of its rows."""
         self.prepare(batch.scheduled, batch.guesses)
 
-    def mask(self, batch: StepBatch) -> None:
+    def mask(self, batch) -> None:
+        """After the forward: forbidden tokens of constrained rows -> -inf."""
         batch.logits = self.apply(batch.logits, batch.to_sample)
+
+    def pick(self, batch) -> list[list[int]] | None:
+        """None: the sampler picks the tokens (from the masked logits)."""
+        return None
+
+    def engine_stats(self) -> dict:
+        """Nothing in `LLMEngine.stats()`: the step costs are in `stats()` and `step_log`."""
+        return {}
 
     def prepare(self, scheduled, plans: dict | None = None) -> None:
         """Before the forward: which rows of this step's logits belong to constrained requests, and start

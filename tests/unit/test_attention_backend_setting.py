@@ -7,7 +7,11 @@ import argparse
 import pytest
 import torch
 
-from lab_utils.engine.accel.attention_backends import ATTENTION_BACKENDS, backend_names, select_attention_backend
+from lab_utils.engine.accel.attention_backends import (
+    ATTENTION_BACKENDS,
+    backend_names,
+    select_attention_backend,
+)
 from lab_utils.engine.accel.flex_attention import flex_available
 from lab_utils.engine.cli import add_engine_args, engine_config_from_args
 from lab_utils.engine.config import EngineConfig, attention_backend_names

@@ -15,19 +15,14 @@ import ast
 from collections import defaultdict
 from pathlib import Path
 
-import pytest
-
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "lab_utils"
 COURSE_SIDE = ("course", "checks", "server", "workshop", "quiz", "hints", "hint_texts", "labs_runner", "viz")
 # arrows that close a circle between sub-packages today (the wrong-way arrow of each tie) -> why it is not cut yet
 OPEN_TIES = {
-    ("lab_utils.engine", "lab_utils.speculative"): "features.py builds the speculative hook from EngineConfig; the "
-    "hook is built on the engine's seams (hooks, sampler, paging): the engine needs a feature registry it is given",
-    ("lab_utils.engine", "lab_utils.structured"): "features.py builds the grammar hook for every engine and "
-    "sampling_params.py validates StructuredOutputParams; the hook subclasses engine.hooks.StepHook",
-    ("lab_utils.distill", "lab_utils.speculative"): "distill's corpus targets reuse speculative.training's corpus, "
-    "which reads distill.data: one of the two modules has to move",
+    ("lab_utils.engine", "lab_utils.speculative"): "features.py builds the speculative hook from "
+    "EngineConfig.speculative, and the hook is made of the engine's own pieces (hooks, sampler, paging, the draft's "
+    "fast linears): the engine has to be given its feature builders instead of naming them",
     ("lab_utils.efficiency", "lab_utils.checks"): "efficiency's measurements call checks.timing.interleave, a "
     "measuring tool that belongs below both",
     ("lab_utils.kernels", "lab_utils.checks"): "kernels.bench_kernel's worker process runs lab 16's check on the "
@@ -145,6 +140,22 @@ def test_no_circle_between_sub_packages():
         del edges[a][b]
     report = circle_report(edges)
     assert not report, "import circles between lab_utils' sub-packages (one arrow of each must go):\n" + report
+
+
+def test_the_structured_hook_answers_every_step_hook_method():
+    """lab_utils.structured sits under the engine (it imports none of it), so its hook answers the engine's
+    StepHook by name, with as many parameters."""
+    import inspect
+
+    from lab_utils.engine.hooks import StepHook
+    from lab_utils.structured.hook import StructuredOutputs
+
+    for name, method in vars(StepHook).items():
+        if callable(method) and not name.startswith("_"):
+            ours = getattr(StructuredOutputs, name, None)
+            assert ours is not None, f"StructuredOutputs lacks StepHook.{name}"
+            # the engine passes them by position: the same number
+            assert len(inspect.signature(ours).parameters) == len(inspect.signature(method).parameters), name
 
 
 def test_the_lab14_check_names_its_part_as_the_grader_does():

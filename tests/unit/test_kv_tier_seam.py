@@ -9,8 +9,16 @@ from lab_utils.engine.kv.block_manager import BlockManager
 from lab_utils.engine.kv.disk_tier import DiskTier
 from lab_utils.engine.kv.host_tier import HostTier, LRUPolicy
 from lab_utils.engine.kv.prefix_cache import block_hash
-from lab_utils.engine.kv.tier import (HOST_EXTRA_STATS, STATS_WHEN_OFF, STORE_EXTRA_STATS, TIER_STATS, Tier,
-                                      attach_tier, prompt_block_names, tier_stats)
+from lab_utils.engine.kv.tier import (
+    HOST_EXTRA_STATS,
+    STATS_WHEN_OFF,
+    STORE_EXTRA_STATS,
+    TIER_STATS,
+    Tier,
+    attach_tier,
+    prompt_block_names,
+    tier_stats,
+)
 from lab_utils.engine.replaceable import REFERENCE
 from lab_utils.kvstore.tier import StoreTier
 

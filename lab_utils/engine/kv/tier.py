@@ -11,7 +11,15 @@ that refuses a tier under a learner's prefix-cache parts; and the one stats voca
 """
 from __future__ import annotations
 
-from typing import Callable, Hashable, Iterable, Iterator, Protocol, Sequence, runtime_checkable
+from typing import (
+    Callable,
+    Hashable,
+    Iterable,
+    Iterator,
+    Protocol,
+    Sequence,
+    runtime_checkable,
+)
 
 import torch
 

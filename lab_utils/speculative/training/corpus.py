@@ -12,7 +12,7 @@ cache. Three kinds of shard, built in turn so that a build stopped early still h
 - `asst`: the target's greedy answers to everyday assistant requests (`assistant_prompts.py`), the style of chat
   traffic, which the other two kinds hold little of.
 
-Held out (never trained on): every 10th article, the plays of `lab_utils.distill.data.HELDOUT_PLAYS`, a fifth of
+Held out (never trained on): every 10th article, the plays of `lab_utils.bench.workload.HELDOUT_PLAYS`, a fifth of
 the assistant subjects, and lab 07's chat questions (`lab_utils.speculative.training.workloads.QUESTIONS`) with every subject they
 name. The held-out shards are the target's greedy answers to held-out prompts. Each shard is a file under
 `~/.cache/lab_utils/spec_heads/corpus-<hash>/`, so an interrupted build resumes at the next missing shard.
@@ -90,8 +90,7 @@ def add_data_args(ap) -> None:
 
 def _sources(heldout: bool):
     """(wiki docs, {play: text}) of one split; lab 07's questions are never a source."""
-    from lab_utils.bench.workload import shakespeare_texts
-    from lab_utils.distill.data import HELDOUT_PLAYS
+    from lab_utils.bench.workload import HELDOUT_PLAYS, shakespeare_texts
     from lab_utils.rag.corpus import load_corpus
 
     docs = [d for i, d in enumerate(load_corpus().docs) if (i % 10 == 0) == heldout and len(d.extract) > 80]

@@ -73,9 +73,7 @@ def code_edit_prompts(tokenizer, n: int, seed: int = 0) -> list[str]:
 
 
 def quote_prompts(tokenizer, n: int, seed: int = 0, passage_tokens: int = 120) -> list[str]:
-    from lab_utils.bench.workload import cut_prompt, shakespeare_texts
-
-    from lab_utils.distill.data import HELDOUT_PLAYS
+    from lab_utils.bench.workload import HELDOUT_PLAYS, cut_prompt, shakespeare_texts
 
     rng = random.Random(seed)
     # only the plays the distilled draft never saw (its training set has quote prompts from the other plays)
