@@ -88,11 +88,11 @@ def check_folder_tp(model_folder: str | Path, tensor_parallel_size: int) -> None
 def run_tp(model_folder: str, prompts: list[list[int]], max_tokens: int, tensor_parallel_size: int = 2,
            **flags) -> list[list[int]]:
     """Greedy token ids from vLLM with `tensor_parallel_size` GPUs (raises where `skip_reason()` is not None, or
-    where vLLM would refuse the model's head counts: `check_folder_tp`)."""
-    check_folder_tp(model_folder, tensor_parallel_size)
+    where vLLM would refuse the model's head counts: `check_folder_tp`, before vLLM starts)."""
     why = skip_reason(tensor_parallel_size)
     if why:
         raise RuntimeError(why)
+    check_folder_tp(model_folder, tensor_parallel_size)
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
