@@ -17,27 +17,15 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import TypeVar
 
-K = TypeVar("K", bound=Hashable)
-T = TypeVar("T")
+# the rounds themselves live with the measuring tools (the efficiency measurements use them too); the labs' checks
+# import `interleave` from here
+from lab_utils.bench.rounds import interleave  # noqa: F401
 
 MAX_SPREAD = 1.6  # rounds whose ratios differ by more than this factor (and straddle the bar) cannot decide
-
-
-def interleave(runs: Mapping[K, Callable[[], T]], rounds: int,
-               progress: Callable[[range], object] | None = None) -> dict[K, list[T]]:
-    """Run each of `runs` once per round, in order (A, B, A, B, ...); {name: [result of each round]}."""
-    if rounds < 1:
-        raise ValueError(f"rounds must be >= 1, got {rounds}")
-    out: dict[K, list[T]] = {name: [] for name in runs}
-    for _ in (progress or (lambda r: r))(range(rounds)):
-        for name, fn in runs.items():
-            out[name].append(fn())
-    return out
 
 
 def ratios(num: Sequence[float], den: Sequence[float]) -> list[float]:

@@ -203,7 +203,7 @@ def first_token_times(engine, prompts: Mapping[str, Sequence[Sequence[int]]], ro
     through `engine` (build it with the prefix cache off, so every round prefills in full), variants interleaved
     in rounds after one untimed warm-up. `before[v](j)` does the work variant v does before its prompt j is sent
     (the compressor's scoring pass) and returns its seconds, added to that prompt's time."""
-    from lab_utils.checks.timing import interleave
+    from lab_utils.bench.rounds import interleave
 
     once = SamplingParams(max_tokens=1)
     before = before or {}

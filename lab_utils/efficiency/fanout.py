@@ -104,7 +104,7 @@ def measure(modes: Mapping[str, Callable], make_engine: Callable[[], object], pr
             params: SamplingParams, rounds: int) -> dict[str, list[dict]]:
     """Each serving mode `fn(engine, prompts, params)` on a fresh engine, interleaved `rounds` times (after one
     untimed warm-up run): per mode, per round, its wall time, outputs, prompt tokens computed and largest step."""
-    from lab_utils.checks.timing import interleave
+    from lab_utils.bench.rounds import interleave
 
     def serve(fn: Callable) -> dict:
         engine = make_engine()
