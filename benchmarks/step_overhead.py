@@ -6,7 +6,9 @@ A GPU step is only as fast as the host that lays it out. This runs the engine's 
 model's forward and lm head replaced by stand-ins (`lab_utils.bench.step_counts.stub_forward`), so what is left is
 the host side: scheduling, metadata, copies, sampling bookkeeping, outputs. Rows: decode steady state at each
 batch, and one row per batch with arrivals (a request leaves and a new prompt joins every step).
-Per row: host us/step, tensors made from Python lists per step and device syncs per step (`HostCounter`).
+Per row: host us/step (median), tensors made from host data per step (`torch.tensor` of a list, `torch.from_numpy`:
+each a host buffer and a copy; `list_tensors_per_step`) and device syncs per step (`HostCounter`). `goals` holds
+issue 49's CPU goals against the run.
 On a CPU the engine takes CUDA's code path (`cuda_logic_engine`); with --device cuda the engine as built there.
 Plus the dispatcher (aten) calls per decoder layer of one real decode step on CUDA's code path, run on the CPU
 (`aten_calls_per_decode_layer`), with the real forward.

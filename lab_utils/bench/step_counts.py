@@ -1,4 +1,4 @@
-"""What one engine step costs on the host, counted: tensors made from Python lists, device syncs, dispatcher calls.
+"""What one engine step costs on the host, counted: tensors made from host data, device syncs, dispatcher calls.
 
 A GPU step is fast only if the host keeps up: metadata built from Python lists is a pageable host-to-device copy
 each, a `.tolist()` / `.item()` / `.cpu()` of a device tensor stalls the host until the device is done, and every
@@ -75,8 +75,8 @@ def stub_forward(eng, vocab: int = 64):
 
 
 class HostCounter(TorchFunctionMode):
-    """Counts, while active, tensors made from Python lists (`torch.tensor` / `torch.as_tensor` of a list or
-    tuple) and sync calls (`SYNC_METHODS` on a tensor, `torch.cuda.synchronize`), with their call sites."""
+    """Counts, while active, tensors made from host data (`torch.tensor` / `torch.as_tensor` of a list or
+    tuple, `torch.from_numpy`) and sync calls (`SYNC_METHODS` on a tensor, `torch.cuda.synchronize`), with their call sites."""
 
     def __init__(self) -> None:
         super().__init__()
