@@ -23,12 +23,16 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import torch  # noqa: E402
+import torch
+from bench_common import machine
 
-from bench_common import machine  # noqa: E402
-from lab_utils import EngineConfig, LLMEngine  # noqa: E402
-from lab_utils.bench.step_counts import aten_calls_per_decode_layer, cuda_logic_engine, measure_host_steps  # noqa: E402
-from lab_utils.models.loader import load_model  # noqa: E402
+from lab_utils import EngineConfig, LLMEngine
+from lab_utils.bench.step_counts import (
+    aten_calls_per_decode_layer,
+    cuda_logic_engine,
+    measure_host_steps,
+)
+from lab_utils.models.loader import load_model
 
 
 def engine_for(model_tok, device: str, batch: int, prompt_len: int, steps: int):

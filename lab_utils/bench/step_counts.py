@@ -76,7 +76,8 @@ def stub_forward(eng, vocab: int = 64):
 
 class HostCounter(TorchFunctionMode):
     """Counts, while active, tensors made from host data (`torch.tensor` / `torch.as_tensor` of a list or
-    tuple, `torch.from_numpy`) and sync calls (`SYNC_METHODS` on a tensor, `torch.cuda.synchronize`), with their call sites."""
+    tuple, `torch.from_numpy`) and sync calls (`SYNC_METHODS` on a tensor, `torch.cuda.synchronize`), with their
+    call sites."""
 
     def __init__(self) -> None:
         super().__init__()

@@ -72,7 +72,7 @@ class AttentionMetadata:
 
     @classmethod
     def build(cls, block_tables: list[list[int]], context_lens: list[int], query_lens: list[int],
-              block_size: int, device: torch.device, slots_fn=None) -> "AttentionMetadata":
+              block_size: int, device: torch.device, slots_fn=None) -> AttentionMetadata:
         """`slots_fn`: a learner's `slot_mapping` (lab 02) in place of the vectorised one below.
 
         The host side is a few numpy calls whose results travel in one int64 buffer (one host-to-device copy);

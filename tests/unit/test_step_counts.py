@@ -14,8 +14,16 @@ from lab_utils.bench.step_counts import (
     measure_host_steps,
 )
 from lab_utils.checks.teacher_forced import assert_greedy_outputs_agree
-from lab_utils.engine.accel.cuda_graphs import DecodeGraphRunner, decode_metadata, padded_metadata
-from lab_utils.engine.accel.device_fused import DeviceFusedLlama, device_fusable, fuse_for_device
+from lab_utils.engine.accel.cuda_graphs import (
+    DecodeGraphRunner,
+    decode_metadata,
+    padded_metadata,
+)
+from lab_utils.engine.accel.device_fused import (
+    DeviceFusedLlama,
+    device_fusable,
+    fuse_for_device,
+)
 from lab_utils.engine.kv.block_manager import BlockManager
 from lab_utils.models.loader import load_model
 

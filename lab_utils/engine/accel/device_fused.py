@@ -27,7 +27,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from lab_utils.models.llama import AttentionFn, LlamaDecoderLayer, LlamaForCausalLM, dense_causal_attention
+from lab_utils.models.llama import (
+    AttentionFn,
+    LlamaDecoderLayer,
+    LlamaForCausalLM,
+    dense_causal_attention,
+)
 
 _ATTENTION = ("q_proj", "k_proj", "v_proj", "o_proj")
 _MLP = ("gate_proj", "up_proj", "down_proj")
