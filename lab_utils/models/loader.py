@@ -44,27 +44,33 @@ def load_weights(model: LlamaForCausalLM, folder: Path) -> None:
 def build_random(config: dict, seed: int = 0, device: str | torch.device = "cpu") -> LlamaForCausalLM:
     """A model of a real shape with random weights (std 0.02, like HF's init), reproducible by seed, in fp32.
 
-    Built where it will run: the parameters are allocated on `device` (meta -> `to_empty`) and drawn there with
-    a generator of that device, in a fixed order. On a GPU that takes milliseconds; a CPU's generator is serial
-    (the 1B shape took ~1 min on 2 threads), so a GPU model is never drawn on the host first. The same seed gives
-    the same weights on the same kind of device (CPU and CUDA generators differ)."""
+    Drawn on a GPU whenever the machine has one, whatever `device` the model runs on, then moved there: CPU and
+    CUDA generators give different numbers for one seed, and a lab compares engines in different processes and
+    on different devices (lab 09's ranks, lab 10's and lab 14's workers run on the CPU beside a notebook engine on
+    the GPU), so every process of a machine must draw the same weights. A GPU draws in milliseconds; a CPU's
+    generator is serial (the 1B shape takes ~1 min on 2 threads), so a machine without a GPU draws on the CPU.
+    The parameters are allocated on the drawing device (meta -> `to_empty`) and drawn in a fixed order."""
     from lab_utils.models.llama import rope_inv_freq
 
     cfg = LlamaConfig.from_dict(config)
     dev = torch.device(device)
+    draw = dev if dev.type == "cuda" else torch.device("cuda" if torch.cuda.is_available() else "cpu")
     with torch.device("meta"):
         model = LlamaForCausalLM(cfg)
-    model = model.to_empty(device=dev)
+    model = model.to_empty(device=draw)
     if cfg.tie_word_embeddings:  # to_empty may give each module its own new tensor: tie again before drawing
         model.lm_head.weight = model.model.embed_tokens.weight
-    model.model.rotary_emb.inv_freq = rope_inv_freq(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling).to(dev)
-    gen = torch.Generator(device=dev).manual_seed(seed)
+    gen = torch.Generator(device=draw).manual_seed(seed)
     with torch.no_grad():
         for name, p in model.named_parameters():
             if name.endswith("norm.weight") or "layernorm" in name:
                 p.fill_(1.0)
             else:
                 p.normal_(0.0, 0.02, generator=gen)
+    model = model.to(dev)
+    if cfg.tie_word_embeddings:
+        model.lm_head.weight = model.model.embed_tokens.weight
+    model.model.rotary_emb.inv_freq = rope_inv_freq(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling).to(dev)
     return model
 
 

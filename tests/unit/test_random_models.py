@@ -56,11 +56,23 @@ def test_build_random_is_seeded_tied_and_on_the_requested_device():
         if "norm" in name:
             assert torch.all(p == 1.0), name
         else:
-            assert abs(float(p.std()) - 0.02) < 0.002, name
-    # the CPU weights are those of a serial draw in parameter order (earlier recorded results stay valid)
-    gen = torch.Generator().manual_seed(3)
-    first = next(p for n, p in a.named_parameters() if "norm" not in n)
-    assert torch.equal(first, torch.randn(first.shape, generator=gen) * 0.02)
+            assert abs(float(p.detach().std()) - 0.02) < 0.002, name
+    if not torch.cuda.is_available():  # on a machine with a GPU the draw is the GPU's (next test)
+        # the CPU weights are those of a serial draw in parameter order (earlier recorded results stay valid)
+        gen = torch.Generator().manual_seed(3)
+        first = next(p for n, p in a.named_parameters() if "norm" not in n)
+        assert torch.equal(first, torch.randn(first.shape, generator=gen) * 0.02)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_random_weights_are_the_same_on_every_device_of_a_machine():
+    """A CPU engine (lab 09's ranks, lab 10's and 14's workers) and a CUDA engine of one seed compare one model."""
+    cfg = REGISTRY["tiny-random"].config
+    cpu, gpu = build_random(cfg, seed=5, device="cpu"), build_random(cfg, seed=5, device="cuda")
+    assert next(cpu.parameters()).device.type == "cpu" and next(gpu.parameters()).device.type == "cuda"
+    sg = gpu.state_dict()
+    assert all(torch.equal(v, sg[k].cpu()) for k, v in cpu.state_dict().items())
+    assert cpu.lm_head.weight is cpu.model.embed_tokens.weight
 
 
 def test_load_model_of_a_random_shape_works_offline():
