@@ -352,8 +352,8 @@ def test_cuda_paged_attention_and_engine_match_cpu():
     params = SamplingParams(max_tokens=12, ignore_eos=True)
     outs = {}
     for device in ("cpu", "cuda"):
-        # drawn on the CPU, then moved: CUDA's generator would draw other weights (and tiny-random echoes its last
-        # token for a few steps whatever its weights, so such a comparison parts late, e.g. at the fifth token)
+        # one model, moved: both engines must run the same weights (tiny-random echoes its last token for a few
+        # steps whatever its weights, so a comparison of two different draws parts late, e.g. at the fifth token)
         model, tok = load_model("tiny-random", device="cpu", dtype=torch.float64)
         eng = LLMEngine((model.to(device), tok), EngineConfig(num_gpu_blocks=64, block_size=16,
                                                               max_num_batched_tokens=32, max_model_len=256),
