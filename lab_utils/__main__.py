@@ -21,7 +21,7 @@ COMMANDS: dict[str, str] = {
     "serve": "lab_utils.server.cli",
     "grade": "lab_utils.workshop.gradebook",
     "workshop": "lab_utils.workshop.cli",
-    "bench-kernel": "lab_utils.kernels.bench_kernel",
+    "bench-kernel": "lab_utils.checks.bench_kernel",
 }
 
 

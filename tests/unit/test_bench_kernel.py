@@ -7,7 +7,8 @@ import json
 
 import pytest
 
-from lab_utils.kernels import bench_kernel, triton_env
+from lab_utils.checks import bench_kernel
+from lab_utils.kernels import triton_env
 from lab_utils.workshop import board
 
 triton, WHY = triton_env.load()

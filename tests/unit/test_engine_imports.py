@@ -23,8 +23,6 @@ OPEN_TIES = {
     ("lab_utils.engine", "lab_utils.speculative"): "features.py builds the speculative hook from "
     "EngineConfig.speculative, and the hook is made of the engine's own pieces (hooks, sampler, paging, the draft's "
     "fast linears): the engine has to be given its feature builders instead of naming them",
-    ("lab_utils.kernels", "lab_utils.checks"): "kernels.bench_kernel's worker process runs lab 16's check on the "
-    "saved kernel: the worker belongs with the checks",
 }
 
 

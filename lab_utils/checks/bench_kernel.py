@@ -84,7 +84,7 @@ def run(folder: Path, part: str = "kernel.paged_decode", shape: dict | None = No
     env = {**os.environ, "LAB_LEARNER_DIR": str(folder), "LAB_CHECKS_LOG": "off"}
     line = {"name": name or os.environ.get("JUPYTERHUB_USER") or getpass.getuser(), "time": round(time.time(), 1)}
     try:
-        proc = subprocess.run([sys.executable, "-m", "lab_utils.kernels.bench_kernel", "--worker", json.dumps(cfg)],
+        proc = subprocess.run([sys.executable, "-m", "lab_utils.checks.bench_kernel", "--worker", json.dumps(cfg)],
                               env=env, capture_output=True, text=True, timeout=timeout_s)
         result = json.loads(proc.stdout.strip().splitlines()[-1]) if proc.returncode == 0 else {
             "part": part, "correct": False, "error": f"the worker exited {proc.returncode}: "
