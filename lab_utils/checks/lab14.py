@@ -343,14 +343,9 @@ def store_claims(r: Mapping) -> list[Claim]:
         f"{computed['store']} vs {computed['apart']} without ({read} read from the store)",
         computed["store"] < computed["apart"] and read > 0)]
     firsts = r["store_first_tokens"]
-    a, b = firsts["store"], firsts["apart"]
-    differ = sum(x != y for x, y in zip(a, b)) + abs(len(a) - len(b))
-    ties = r.get("store_near_ties", 0)
-    out.append((f"first tokens identical with and without the store, or parting at a near-tie of the model's dtype "
-                f"({len(b)} turns; differ: {differ}, at a near-tie: {ties})", bool(b) and differ - ties <= 0))
-    leaks = {w: m for w, m in r["store_leaks"].items() if m}
-    out.append((f"no KV block leaked on any prefill worker ({len(r['store_leaks'])} workers"
-                + (f"; leaked: {leaks})" if leaks else ")"), bool(r["store_leaks"]) and not leaks))
+    out.append(_same_tokens("first tokens identical with and without the store", firsts["apart"], firsts["store"],
+                            r.get("store_near_ties", 0)))
+    out.append(_no_leak("prefill worker", r["store_leaks"]))
     out.append(judge("returning turns' prefill is faster with the store (time without / with, turn by turn, the "
                      "pools taking turns to go first)", r["store_ratios"], 1.0,
                      "rerun the store cell when the machine is quieter", strict=True))
@@ -367,15 +362,24 @@ def routing_claims(r: Mapping) -> list[Claim]:
     rr, pa = computed["round-robin"], computed["prefix-aware"]
     out: list[Claim] = [(f"routed by prefix, returning turns compute fewer prompt tokens than routed round-robin: "
                          f"{pa} vs {rr}", pa < rr)]
-    a, b = toks["round-robin"], toks["prefix-aware"]
-    differ = sum(x != y for x, y in zip(a, b)) + abs(len(a) - len(b))
-    ties = r.get("routing_near_ties", 0)
-    out.append((f"greedy outputs identical under both routers, or parting at a near-tie of the model's dtype "
-                f"({len(a)} turns; differ: {differ}, at a near-tie: {ties})", bool(a) and differ - ties <= 0))
-    leaks = {k: m for k, m in r["routing_leaks"].items() if m}
-    out.append((f"no KV block leaked on any replica ({len(r['routing_leaks'])} replicas"
-                + (f"; leaked: {leaks})" if leaks else ")"), bool(r["routing_leaks"]) and not leaks))
+    out.append(_same_tokens("greedy outputs identical under both routers", toks["round-robin"],
+                            toks["prefix-aware"], r.get("routing_near_ties", 0)))
+    out.append(_no_leak("replica", r["routing_leaks"]))
     return out
+
+
+def _same_tokens(what: str, a: list, b: list, ties: int) -> Claim:
+    """`what`, true when the two runs' tokens are equal turn by turn but for partings at a near-tie."""
+    differ = sum(x != y for x, y in zip(a, b)) + abs(len(a) - len(b))
+    return (f"{what}, or parting at a near-tie of the model's dtype ({len(a)} turns; differ: {differ}, at a "
+            f"near-tie: {ties})", bool(a) and differ - ties <= 0)
+
+
+def _no_leak(kind: str, leaks: Mapping[str, str]) -> Claim:
+    """No KV block leaked on any `kind`: every one reported, each with an empty message."""
+    leaked = {k: m for k, m in leaks.items() if m}
+    return (f"no KV block leaked on any {kind} ({len(leaks)} {kind}s" + (f"; leaked: {leaked})" if leaked else ")"),
+            bool(leaks) and not leaked)
 
 
 def assert_claims(r: Mapping, show: bool = True) -> None:
