@@ -218,7 +218,11 @@ def show_reference(name: str, reveal_only_after_yours: bool = True) -> None:
     src = textwrap.dedent(inspect.getsource(obj))
     file = Path(inspect.getsourcefile(obj)).resolve().relative_to(REPO_ROOT)
     line = inspect.getsourcelines(obj)[1]
-    title = f"The engine's own `{part.attr}` ({file}, line {line}):"
+    show_source(f"The engine's own `{part.attr}` ({file}, line {line}):", src)
+
+
+def show_source(title: str, src: str) -> None:
+    """`src` under `title`: rendered as Markdown in a notebook, printed elsewhere."""
     try:
         from IPython import get_ipython
         from IPython.display import Markdown, display

@@ -80,15 +80,5 @@ def show_reference_kernel() -> None:
         return
     src = Path(__file__).with_name("_decode_jit.py").read_text(encoding="utf-8")
     src = src[src.index("@triton.jit"):]
-    title = "The engine's own kernel (lab_utils/kernels/_decode_jit.py; `paged_decode_triton.py` launches it):"
-    try:
-        from IPython import get_ipython
-        from IPython.display import Markdown, display
-
-        if get_ipython() is not None:
-            display(Markdown(f"{title}\n\n```python\n{src}```"))
-            return
-    except ImportError:
-        pass
-    print(title)
-    print(src)
+    learner_parts.show_source("The engine's own kernel (lab_utils/kernels/_decode_jit.py; `paged_decode_triton.py` "
+                              "launches it):", src)
