@@ -14,6 +14,7 @@ from jsonschema import Draft202012Validator  # noqa: E402
 
 from lab_utils.server.app import create_app  # noqa: E402
 from lab_utils.structured.schema import MAX_DEPTH, MAX_REF_LINKS  # noqa: E402
+from tests.unit.deep_schemas import nested_items, ref_chain  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -42,23 +43,10 @@ def test_escaped_refs_are_served_and_the_output_validates(client):
     assert set(value) == {"slash", "tilde", "space", "percent"} and value["percent"] == 7
 
 
-def _items(n: int) -> dict:
-    schema: dict = {"type": "integer"}
-    for _ in range(n):
-        schema = {"type": "array", "items": schema}
-    return schema
-
-
-def _chain(links: int) -> dict:
-    defs = {f"d{i}": {"$ref": f"#/$defs/d{i + 1}"} for i in range(links)}
-    defs[f"d{links}"] = {"type": "integer"}
-    return {"$defs": defs, "$ref": "#/$defs/d0"}
-
-
 @pytest.mark.parametrize("schema,says", [
     ({"oneOf": [{"$ref": "#"}, {"type": "null"}]}, "a $ref cycle through oneOf"),
-    (_chain(2000), f"more than {MAX_REF_LINKS} $refs"),
-    (_items(500), f"at most {MAX_DEPTH} levels"),
+    (ref_chain(2000), f"more than {MAX_REF_LINKS} $refs"),
+    (nested_items(500), f"at most {MAX_DEPTH} levels"),
 ], ids=["oneOf-self-ref", "ref-chain-2000", "items-500-deep"])
 def test_a_schema_beyond_a_server_limit_is_a_400_naming_it(client, schema, says):
     r = _ask(client, schema)

@@ -10,6 +10,7 @@ import pytest
 
 from lab_utils.structured.pointer import plain_refs, pointer_keys, resolve
 from lab_utils.structured.schema import MAX_DEPTH, MAX_REF_LINKS, ServerLimit, prepare_schema
+from tests.unit.deep_schemas import nested_items, ref_chain
 
 SUITE = Path(__file__).parents[1] / "data" / "json_schema_test_suite"
 
@@ -78,22 +79,9 @@ def test_a_space_in_a_defs_key_is_reached_percent_encoded():
     assert _accepts(grammar, '{"n":12}') and not _accepts(grammar, '{"n":"x"}')
 
 
-def _items(n: int) -> dict:
-    schema: dict = {"type": "integer"}
-    for _ in range(n):
-        schema = {"type": "array", "items": schema}
-    return schema
-
-
-def _chain(links: int) -> dict:
-    defs = {f"d{i}": {"$ref": f"#/$defs/d{i + 1}"} for i in range(links)}
-    defs[f"d{links}"] = {"type": "integer"}
-    return {"$defs": defs, "$ref": "#/$defs/d0"}
-
-
 @pytest.mark.parametrize("schema,says", [
-    (_items(500), f"at most {MAX_DEPTH} levels (MAX_DEPTH)"),
-    (_chain(2000), f"more than {MAX_REF_LINKS} $refs one inside another (MAX_REF_LINKS)"),
+    (nested_items(500), f"at most {MAX_DEPTH} levels (MAX_DEPTH)"),
+    (ref_chain(2000), f"more than {MAX_REF_LINKS} $refs one inside another (MAX_REF_LINKS)"),
     ({"oneOf": [{"$ref": "#"}, {"type": "null"}]}, "a $ref cycle through oneOf"),
 ], ids=["items-500-deep", "ref-chain-2000", "oneOf-self-ref"])
 def test_a_schema_beyond_a_limit_is_refused_naming_the_limit(schema, says):
@@ -103,8 +91,8 @@ def test_a_schema_beyond_a_limit_is_refused_naming_the_limit(schema, says):
 
 
 def test_just_inside_the_limits_is_served():
-    prepare_schema(_items(MAX_DEPTH - 1))  # the root is the first level
-    prepare_schema(_chain(MAX_REF_LINKS - 1))
+    prepare_schema(nested_items(MAX_DEPTH - 1))  # the root is the first level
+    prepare_schema(ref_chain(MAX_REF_LINKS - 1))
 
 
 def test_a_schema_too_deep_for_the_recursion_is_still_a_limit_not_malformed():
@@ -116,7 +104,7 @@ def test_a_schema_too_deep_for_the_recursion_is_still_a_limit_not_malformed():
     sys.setrecursionlimit(len(__import__("inspect").stack(0)) + 120)
     try:
         with pytest.raises(ServerLimit, match="recursed deeper than this server's limit"):
-            prepare_schema(_items(100))
+            prepare_schema(nested_items(100))
     finally:
         sys.setrecursionlimit(limit)
-    prepare_schema(_items(100))  # with the usual limit: served
+    prepare_schema(nested_items(100))  # with the usual limit: served
